@@ -1,0 +1,37 @@
+# Sourced by scripts/rwfs and scripts/test: brings a fresh Debian machine to the point where
+# the project runs. Installs system packages only when missing, creates .venv, and reinstalls
+# the project whenever pyproject.toml changed since the last install.
+set -euo pipefail
+RWFS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+rwfs_apt_install() {
+    # $@: Debian packages to install when any is missing.
+    local missing=()
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null; then
+        echo "rwfs: missing system packages: ${missing[*]} (install them as root)" >&2
+        return 1
+    fi
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo=sudo
+    echo "rwfs: installing system packages: ${missing[*]}" >&2
+    $sudo apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >&2
+}
+
+rwfs_venv() {
+    # $1: pip extras ("" or "[test]")
+    local venv="$RWFS_ROOT/.venv" stamp
+    stamp="$(sha256sum "$RWFS_ROOT/pyproject.toml" | cut -c1-16)$1"
+    if [ ! -x "$venv/bin/python" ]; then
+        python3 -m venv "$venv"
+    fi
+    if [ "$(cat "$venv/.rwfs-stamp" 2>/dev/null)" != "$stamp" ]; then
+        "$venv/bin/python" -m pip install -q --upgrade pip >&2
+        "$venv/bin/python" -m pip install -q -e "$RWFS_ROOT$1" >&2
+        echo "$stamp" > "$venv/.rwfs-stamp"
+    fi
+}

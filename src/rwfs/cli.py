@@ -1,0 +1,211 @@
+"""The ``rwfs`` command line. Exit codes: 0 success, 1 a problem found or an operation
+refused (one line on stderr says why), 2 a usage error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from typing import Any
+
+from .mount import QuietError, open_state, rwfs_mounts, serve, spawn, umount
+
+
+def _locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
+    """(raw tree, state dir, status-if-mounted) for a workspace or mount path."""
+    path = os.path.realpath(path)
+    if path in rwfs_mounts():
+        with open(os.path.join(path, ".rw", "status"), "rb") as f:
+            status = json.load(f)
+        pid = status["pid"]
+        # The daemon's own descriptors reach the raw tree under the mount.
+        return f"/proc/{pid}/fd/{status['root_fd']}", f"/proc/{pid}/fd/{status['state_fd']}", status
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.close(open_state(fd, create=False))
+    finally:
+        os.close(fd)
+    return path, os.path.join(path, ".rw"), None
+
+
+def cmd_mount(a: argparse.Namespace) -> int:
+    options = {o for opt in a.o for o in opt.split(",") if o}
+    mountpoint = a.mountpoint or a.workspace
+    if a.foreground:
+        ready = a.ready_fd
+        try:
+            serve(a.workspace, mountpoint, options, ready)
+        except QuietError as exc:
+            if ready is not None:
+                os.write(ready, b"no\n")
+            raise exc
+        return 0
+    spawn(a.workspace, mountpoint, sorted(options))
+    print(f"rwfs: {a.workspace} mounted at {os.path.realpath(mountpoint)}")
+    return 0
+
+
+def cmd_umount(a: argparse.Namespace) -> int:
+    umount(a.mountpoint)
+    return 0
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    root, state, status = _locate(a.path)
+    if status is None:
+        from .store import Store
+
+        store = Store(os.path.join(state, "journal"))
+        try:
+            status = {
+                "mounted": False,
+                "workspace": root,
+                "counts": store.counters(),
+                "last_lsn": store.meta_int(b"lsn"),
+                "unsettled_receipts": len(store.unsettled()),
+            }
+        finally:
+            store.close()
+    else:
+        status = {"mounted": True, **status}
+    if a.json:
+        print(json.dumps(status, indent=2))
+    else:
+        for key, value in status.items():
+            print(f"{key}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+    return 0
+
+
+def cmd_log(a: argparse.Namespace) -> int:
+    from .store import Store
+
+    root, state, _ = _locate(a.workspace)
+    path = None
+    if a.path:
+        full = os.path.realpath(a.path)
+        base = os.path.realpath(a.workspace)
+        path = os.path.relpath(full, base) if full.startswith(base + os.sep) else a.path
+    store = Store(os.path.join(state, "journal"))
+    try:
+        for ev in store.events(path=path, last=a.last):
+            if a.json:
+                print(json.dumps(ev))
+            else:
+                digests = ""
+                if ev.get("expected") or ev.get("intended"):
+                    digests = f" {_short(ev.get('expected'))} -> {_short(ev.get('intended'))}"
+                dest = f" -> {ev['dest']}" if ev.get("dest") else ""
+                who = f" ({ev['comm']})" if ev.get("comm") else ""
+                print(
+                    f"{ev['lsn']:>6} {ev['ts']} {ev['op']:<8} {ev.get('path', '')}{dest}{digests}{who}"
+                )
+    finally:
+        store.close()
+    return 0
+
+
+def _short(d: str | None) -> str:
+    return d.split(":", 1)[1][:12] if d else "null"
+
+
+def cmd_fsck(a: argparse.Namespace) -> int:
+    from .fsck import main_fsck
+
+    root, state, status = _locate(a.path)
+    if status is not None:
+        # Mounted: make everything queued durable first, so the journal is current.
+        with open(os.path.join(os.path.realpath(a.path), ".rw", "ctl"), "w") as f:
+            f.write("sync\n")
+    return main_fsck(root, state)
+
+
+def cmd_doctor(a: argparse.Namespace) -> int:
+    problems = []
+    if not os.path.exists("/dev/fuse"):
+        problems.append(
+            "/dev/fuse is missing: load the fuse module (modprobe fuse) or give the container the device"
+        )
+    elif not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        problems.append("/dev/fuse is not readable and writable by this user")
+    if shutil.which("fusermount3") is None:
+        problems.append("fusermount3 is missing: install the fuse3 package")
+    try:
+        import pyfuse3  # noqa: F401
+    except ImportError as exc:
+        problems.append(f"pyfuse3 does not import ({exc}): install libfuse3-dev and reinstall rwfs")
+    try:
+        with open("/proc/filesystems") as f:
+            if "fuse" not in f.read():
+                problems.append("the kernel does not list the fuse filesystem")
+    except OSError:
+        pass
+    if os.geteuid() != 0:
+        try:
+            with open("/etc/fuse.conf") as f:
+                allow = any(line.strip() == "user_allow_other" for line in f)
+        except OSError:
+            allow = False
+        if not allow:
+            print("note: -o allow_other needs user_allow_other in /etc/fuse.conf")
+    for p in problems:
+        print(f"problem: {p}")
+    if not problems:
+        print("doctor: everything rwfs needs is here")
+    return 1 if problems else 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rwfs", description="journaled atomic-commit filesystem for workspaces"
+    )
+    sub = p.add_subparsers(dest="verb", required=True)
+    m = sub.add_parser("mount", help="mount rwfs over WORKSPACE (or at MOUNTPOINT)")
+    m.add_argument("workspace")
+    m.add_argument("mountpoint", nargs="?")
+    m.add_argument(
+        "-o",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="mount options (allow_other, show_control, …)",
+    )
+    m.add_argument("--foreground", "-f", action="store_true", help="stay attached")
+    m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    m.set_defaults(fn=cmd_mount)
+    u = sub.add_parser("umount", help="unmount and wait for the daemon to finish its commits")
+    u.add_argument("mountpoint")
+    u.set_defaults(fn=cmd_umount)
+    s = sub.add_parser("status", help="the workspace's state")
+    s.add_argument("path", nargs="?", default=".")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_status)
+    lg = sub.add_parser("log", help="journal events, newest last")
+    lg.add_argument("path", nargs="?", help="only events of this path")
+    lg.add_argument("--workspace", "-C", default=".", help="workspace or mount (default: .)")
+    lg.add_argument("--last", type=int, default=None, help="only the N newest events")
+    lg.add_argument("--json", action="store_true")
+    lg.set_defaults(fn=cmd_log)
+    f = sub.add_parser("fsck", help="check the journal and objects against the tree")
+    f.add_argument("path", nargs="?", default=".")
+    f.set_defaults(fn=cmd_fsck)
+    d = sub.add_parser("doctor", help="say what this machine lacks for rwfs")
+    d.set_defaults(fn=cmd_doctor)
+    return p
+
+
+def main(args: list[str] | None = None) -> int:
+    a = parser().parse_args(args)
+    try:
+        return int(a.fn(a))
+    except QuietError as exc:
+        print(f"rwfs: {exc}", file=sys.stderr)
+        return exc.code
+    except OSError as exc:
+        print(f"rwfs: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

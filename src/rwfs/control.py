@@ -1,0 +1,167 @@
+"""The virtual control directory ``.rw/`` (SPEC §5), rendered from the core.
+
+Each entry is a ``CFile`` (``render()`` makes its bytes fresh at every open; ``write`` takes
+the whole written text at close and raises ``RwfsError`` to refuse it) or a ``CDir``.
+Later features add entries with ``Control.add``; nothing here knows about FUSE.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from .policy import Policy, PolicyError
+from .workspace import RwfsError, Workspace
+
+
+@dataclass(eq=False)
+class CNode:
+    ino: int
+    name: bytes
+
+
+@dataclass(eq=False)
+class CFile(CNode):
+    render: Callable[[], bytes]
+    write: Callable[[bytes], Awaitable[None]] | None = None
+    verbs: bool = False  # each write() is a verb, run before write() returns
+
+
+@dataclass(eq=False)
+class CDir(CNode):
+    children: dict[bytes, CNode] = field(default_factory=dict)
+
+
+class Control:
+    def __init__(self, ws: Workspace, info: dict[str, Any], allocate: Callable[[], int]) -> None:
+        self.ws = ws
+        self.info = info
+        self._allocate = allocate
+        self.nodes: dict[int, CNode] = {}
+        self.root = CDir(allocate(), b".rw")
+        self.nodes[self.root.ino] = self.root
+        self.mtime = time.time_ns()
+        self.last_error: dict[str, Any] | None = None
+        self.add(
+            self.root,
+            b"README",
+            lambda: resources.files("rwfs").joinpath("README.rw.md").read_bytes(),
+        )
+        self.add(self.root, b"status", lambda: _json(self.status()))
+        self.add(self.root, b"journal", self._journal)
+        self.add(self.root, b"policy.toml", lambda: ws.policy.text.encode(), self._write_policy)
+        self.add(
+            self.root, b"last-error", lambda: _json(self.last_error) if self.last_error else b""
+        )
+        self.verbs: dict[str, Callable[[list[str]], Awaitable[None]]] = {"sync": self._sync}
+        self.add(self.root, b"ctl", lambda: b"", self._ctl, verbs=True)
+
+    def add(
+        self,
+        parent: CDir,
+        name: bytes,
+        render: Callable[[], bytes],
+        write: Callable[[bytes], Awaitable[None]] | None = None,
+        verbs: bool = False,
+    ) -> CFile:
+        node = CFile(self._allocate(), name, render, write, verbs)
+        parent.children[name] = node
+        self.nodes[node.ino] = node
+        return node
+
+    def get(self, ino: int) -> CNode | None:
+        return self.nodes.get(ino)
+
+    def fail(self, exc: RwfsError) -> None:
+        """Remember an error envelope for ``.rw/last-error``."""
+        self.last_error = exc.envelope
+
+    # ---- views ----
+
+    def status(self) -> dict[str, Any]:
+        counters = self.ws.store.counters()
+        return {
+            **self.info,
+            "durability": self.ws.policy.durability,
+            "counts": {
+                "commits": counters.get("commits", 0),
+                "noops": counters.get("noops", 0),
+                "refusals": counters.get("refusals", 0),
+                "conflicts": counters.get("conflicts", 0),
+                "open_batches": 0,
+                "interrupted_batches": 0,
+                "queued": self.ws.queued,
+            },
+            "last_lsn": self.ws.store.meta_int(b"lsn"),
+            "journal_bytes": self.ws.store.size_bytes(),
+            "journal_ok": self.ws.journal_ok,
+        }
+
+    def _journal(self) -> bytes:
+        events = self.ws.store.events(last=1000)
+        return b"".join(json.dumps(ev).encode() + b"\n" for ev in events)
+
+    async def _ctl(self, data: bytes) -> None:
+        try:
+            lines = [ln.split() for ln in data.decode("utf-8").splitlines() if ln.strip()]
+        except UnicodeDecodeError:
+            lines = []
+        if not lines or any(words[0] not in self.verbs for words in lines):
+            raise RwfsError(
+                errno.EINVAL,
+                "policy_violation",
+                "verb",
+                "Nothing was done because the text written to .rw/ctl is not a known verb; "
+                f"write one of: {', '.join(sorted(self.verbs))}.",
+                path=".rw/ctl",
+            )
+        for words in lines:
+            await self.verbs[words[0]](words[1:])
+
+    async def _sync(self, args: list[str]) -> None:
+        if args:
+            raise RwfsError(
+                errno.EINVAL,
+                "policy_violation",
+                "verb",
+                "sync takes no argument; nothing was done.",
+                path=".rw/ctl",
+            )
+        await self.ws.sync()
+
+    async def _write_policy(self, data: bytes) -> None:
+        try:
+            policy = Policy.parse(data.decode("utf-8"))
+        except (UnicodeDecodeError, PolicyError) as exc:
+            raise RwfsError(
+                errno.EINVAL,
+                "policy_violation",
+                "policy",
+                f"The policy was not changed because the new text is invalid ({exc}); "
+                "fix it and write the whole file again.",
+                path=".rw/policy.toml",
+            ) from None
+        write_state_file(self.ws.state_fd, b"policy.toml", data)
+        self.ws.policy = policy
+
+
+def _json(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2) + "\n").encode()
+
+
+def write_state_file(state_fd: int, name: bytes, data: bytes) -> None:
+    """Atomically replace a file of the state directory (write, fsync, rename)."""
+    tmp = name + b".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, dir_fd=state_fd)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, name, src_dir_fd=state_fd, dst_dir_fd=state_fd)

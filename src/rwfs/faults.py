@@ -1,0 +1,39 @@
+"""Named fault points for crash tests.
+
+``RWFS_FAULT=NAME`` makes the daemon kill itself with SIGKILL the first time it reaches the
+point ``NAME`` (``RWFS_FAULT=NAME:N`` on the N-th time). Points are named after the step of
+the commit protocol they follow (docs/recovery.md lists them). Unset, a point costs one
+dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "after_seal",  # stage sealed and intent logged; close() may have returned
+    "after_stage_sync",  # the group's stages are durable
+    "after_prepare",  # receipts are durable in LMDB, nothing renamed yet
+    "after_preimage",  # the old inode is kept as an object, stage not yet renamed
+    "after_rename",  # one stage renamed over its target
+    "before_commit_record",  # every rename of the group done, commit records not written
+    "after_commit_record",  # commit records durable, intent log not yet dropped
+    "after_unlink",  # a journaled unlink reached the tree, its event not yet recorded
+)
+
+_armed: dict[str, int] = {}
+_spec = os.environ.get("RWFS_FAULT", "")
+if _spec:
+    _name, _, _count = _spec.partition(":")
+    if _name not in POINTS:
+        raise SystemExit(f"rwfs: RWFS_FAULT names no fault point: {_name!r}")
+    _armed[_name] = int(_count or 1)
+
+
+def point(name: str) -> None:
+    """Die here, abruptly, if this fault point is armed and its count is reached."""
+    if name in _armed:
+        _armed[name] -= 1
+        if _armed[name] <= 0:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,837 @@
+"""The FUSE request handlers: thin, each one checks, then delegates to the core.
+
+Only ``pyfuse3.FUSEError`` leaves a handler (``_guard``): an ``OSError`` becomes its errno,
+an ``RwfsError`` its errno plus an envelope in ``.rw/last-error``, anything else is logged
+and becomes EIO. ``forget`` and ``release`` never raise.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pyfuse3
+import trio
+
+from .control import CDir, CFile, Control
+from .inodes import ROOT, Inode, InodeTable
+from .objects import EMPTY_DIGEST
+from .workspace import Commit, RwfsError, Workspace, fsdecode, rel, renameat2
+
+log = logging.getLogger("rwfs.fs")
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+# Flags the backing open never gets: creation is done by create(), truncation by the stage,
+# and O_APPEND because the kernel already passes the append offset to write().
+_STRIP = os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_APPEND | os.O_NOCTTY
+
+
+def _guard(quiet: bool = False) -> Callable[[F], F]:
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        async def handler(self: Operations, *args: Any) -> Any:
+            try:
+                return await fn(self, *args)
+            except pyfuse3.FUSEError:
+                if quiet:
+                    return None
+                raise
+            except RwfsError as exc:
+                self.control.fail(exc)
+                if quiet:
+                    return None
+                raise pyfuse3.FUSEError(exc.errno) from None
+            except OSError as exc:
+                if quiet:
+                    return None
+                raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+            except Exception:
+                log.exception("%s failed", fn.__name__)
+                if quiet:
+                    return None
+                raise pyfuse3.FUSEError(errno.EIO) from None
+
+        return handler  # type: ignore[return-value]
+
+    return wrap
+
+
+@dataclass(eq=False)
+class Handle:
+    inode: Inode
+    writable: bool
+    dirty: bool = False  # written since this handle's last commit point
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class ControlHandle:
+    node: CFile
+    data: bytes
+    written: bytearray | None = None
+
+
+@dataclass(eq=False)
+class DirHandle:
+    inode: Inode | None
+    entries: list[bytes]
+    fd: int = -1
+
+
+class Operations(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+
+    def __init__(
+        self, ws: Workspace, info: dict[str, Any], show_control: bool, timeout: float
+    ) -> None:
+        super().__init__()
+        self.ws = ws
+        st = os.fstat(ws.root_fd)
+        self.inodes = InodeTable((st.st_dev, st.st_ino), first_free=2)
+        self.control = Control(ws, info, self.inodes.allocate)
+        self.show_control = show_control
+        self.timeout = timeout
+        self.handles: dict[int, Handle | ControlHandle | DirHandle] = {}
+        self._next_fh = 1
+        self._procs: dict[int, tuple[int, str]] = {}
+        ws.on_committed = self._committed
+
+    # ---- helpers ----
+
+    def _fh(self, h: Handle | ControlHandle | DirHandle) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self.handles[fh] = h
+        return fh
+
+    def _inode(self, ino: int) -> Inode:
+        inode = self.inodes.get(ino)
+        if inode is None:
+            raise pyfuse3.FUSEError(errno.ESTALE)
+        return inode
+
+    def _attr(self, ino: int, st: os.stat_result) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.generation = 0
+        a.entry_timeout = self.timeout
+        a.attr_timeout = self.timeout
+        a.st_mode = st.st_mode
+        a.st_nlink = st.st_nlink
+        a.st_uid = st.st_uid
+        a.st_gid = st.st_gid
+        a.st_rdev = st.st_rdev
+        a.st_size = st.st_size
+        a.st_blksize = st.st_blksize
+        a.st_blocks = st.st_blocks
+        a.st_atime_ns = st.st_atime_ns
+        a.st_mtime_ns = st.st_mtime_ns
+        a.st_ctime_ns = st.st_ctime_ns
+        return a
+
+    def _stat(self, inode: Inode) -> os.stat_result:
+        if inode.stage is not None:
+            return os.fstat(inode.stage.fd)
+        if inode.fd >= 0:
+            return os.fstat(inode.fd)
+        return os.stat(rel(inode.path), dir_fd=self.ws.root_fd, follow_symlinks=False)
+
+    def _control_attr(self, node: Any) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.ino
+        a.entry_timeout = 0
+        a.attr_timeout = 0
+        a.st_uid = os.getuid()
+        a.st_gid = os.getgid()
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.control.mtime
+        if isinstance(node, CDir):
+            a.st_mode = stat.S_IFDIR | 0o755
+            a.st_nlink = 2
+        else:
+            a.st_mode = stat.S_IFREG | (0o644 if node.write else 0o444)
+            a.st_nlink = 1
+            a.st_size = 0  # read with direct_io: the size is whatever render() makes
+        return a
+
+    def _join(self, parent: Inode, name: bytes) -> bytes:
+        if b"/" in name or name in (b".", b".."):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return parent.path + b"/" + name if parent.path else name
+
+    def _is_state_dir(self, path: bytes) -> bool:
+        return path == b".rw"
+
+    def _journaled(
+        self, path: bytes, st: os.stat_result | None = None, is_dir: bool = False
+    ) -> bool:
+        if self.ws.policy.is_passthrough(path, is_dir):
+            return False
+        if st is not None and stat.S_ISREG(st.st_mode):
+            # A hard-linked file is written in place: replacing it by rename would split
+            # the link (docs/architecture.md).
+            return st.st_size <= self.ws.policy.max_journaled_bytes and st.st_nlink == 1
+        return True
+
+    def _who(self, ctx: Any) -> dict[str, Any]:
+        pid = ctx.pid
+        hit = self._procs.get(pid)
+        if hit is None:
+            tgid, comm = pid, ""
+            try:
+                with open(f"/proc/{pid}/status", "rb") as f:
+                    for line in f:
+                        if line.startswith(b"Tgid:"):
+                            tgid = int(line.split()[1])
+                            break
+                with open(f"/proc/{tgid}/comm", "rb") as f:
+                    comm = f.read().strip().decode(errors="replace")
+            except OSError:
+                pass
+            if len(self._procs) > 4096:
+                self._procs.clear()
+            hit = self._procs[pid] = (tgid, comm)
+        return {"pid": hit[0], "comm": hit[1], "uid": ctx.uid}
+
+    def _record(self, ctx: Any, op: str, path: bytes, **extra: Any) -> None:
+        self.ws.record({"op": op, "path": fsdecode(path), "batch": None, **extra, **self._who(ctx)})
+
+    def _invalidate(self, inode: Inode) -> None:
+        # From a worker thread: the kernel may wait on a request of ours while it drops
+        # the page cache, so the event loop must not block on it.
+        ino = inode.ino
+
+        def run() -> None:
+            try:
+                pyfuse3.invalidate_inode(ino)
+            except OSError:
+                pass
+
+        trio.lowlevel.spawn_system_task(trio.to_thread.run_sync, run)
+
+    async def _settle(self, inode: Inode) -> None:
+        """Wait until the inode's queued commit is in the tree."""
+        while inode.pending is not None:
+            commit = inode.pending
+            await self.ws.sync()
+            await commit.done.wait()
+
+    def _committed(self, c: Commit) -> None:
+        """Called by the committer (on the loop) once a queued commit is settled."""
+        inode: Inode | None = c.owner
+        if inode is None:
+            return
+        if inode.pending is c:
+            inode.pending = None
+        if inode.stage is c.stage:
+            inode.stage = None
+        if c.outcome == "committed":
+            # The stage's descriptor now reaches the live file: keep it as the backing fd.
+            if inode.fd >= 0:
+                os.close(inode.fd)
+            inode.fd, inode.fd_writable = c.stage.fd, True
+            st = os.fstat(inode.fd)
+            self.inodes.rekey(inode, (st.st_dev, st.st_ino))
+        elif c.outcome in ("conflict", "error"):
+            self._invalidate(inode)
+        self._release_fd(inode)
+
+    def _release_fd(self, inode: Inode) -> None:
+        if inode.handles == 0 and inode.stage is None and inode.pending is None:
+            if inode.fd >= 0:
+                os.close(inode.fd)
+                inode.fd = -1
+            self.inodes.maybe_drop(inode)
+
+    def _open_backing(self, inode: Inode, writable: bool) -> None:
+        if inode.fd >= 0 and (inode.fd_writable or not writable):
+            return
+        flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            fd = os.open(rel(inode.path), flags | os.O_RDWR, dir_fd=self.ws.root_fd)
+            w = True
+        except OSError as exc:
+            if writable or exc.errno not in (
+                errno.EACCES,
+                errno.EROFS,
+                errno.ETXTBSY,
+                errno.EISDIR,
+            ):
+                raise
+            fd = os.open(rel(inode.path), flags | os.O_RDONLY, dir_fd=self.ws.root_fd)
+            w = False
+        if inode.fd >= 0:
+            os.close(inode.fd)
+        inode.fd, inode.fd_writable = fd, w
+
+    async def _ensure_stage(self, inode: Inode, truncate: bool = False) -> None:
+        """Give the inode an open (unsealed) stage, settling a queued commit first."""
+        async with inode.lock:
+            while inode.stage is None or inode.stage.sealed:
+                if inode.pending is not None:
+                    await self._settle(inode)
+                    continue
+                self._open_backing(inode, writable=False)
+                inode.stage = await self.ws.new_stage(inode.fd, truncate)
+
+    async def _commit(self, inode: Inode, ctx_info: dict[str, Any], wait: bool = False) -> None:
+        """A commit point (SPEC §3.2 step 2): seal the stage and hand it to the committer."""
+        async with inode.lock:
+            stage = inode.stage
+            if stage is None or stage.sealed:
+                if wait:
+                    await self._settle(inode)
+                return
+            stage.sealed = True  # atomic: set before the first await, so writers wait
+            intended, size = await self.ws.seal(stage)
+            if not inode.paths:  # unlinked while open: nothing to commit
+                self.ws.drop_stage(stage)
+                inode.stage = None
+                return
+            path = inode.path
+            if intended == stage.expected:
+                self.ws.drop_stage(stage)
+                inode.stage = None
+                os.utime(rel(path), dir_fd=self.ws.root_fd, follow_symlinks=False)
+                self.ws.record(
+                    {
+                        "op": "noop",
+                        "path": fsdecode(path),
+                        "batch": None,
+                        "intended": intended,
+                        **ctx_info,
+                    }
+                )
+                self.ws.live["noops"] += 1
+                return
+            commit = Commit(path, stage, intended, size, dict(ctx_info), owner=inode)
+            inode.pending = commit
+            try:
+                await self.ws.submit(commit, wait)
+            except BaseException:
+                # Refused before the committer took it (e.g. the journal is unavailable):
+                # nothing was written, so the stage goes and the file reads as before.
+                if inode.pending is commit and not self.ws.is_queued(commit):
+                    inode.pending = None
+                    if inode.stage is stage:
+                        inode.stage = None
+                    self.ws.drop_stage(stage)
+                    self._invalidate(inode)
+                raise
+
+    # ---- lookup and attributes ----
+
+    @_guard()
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        node = self.control.get(parent_inode)
+        if node is not None:
+            if not isinstance(node, CDir) or name not in node.children:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return self._control_attr(node.children[name])
+        parent = self._inode(parent_inode)
+        if parent_inode == ROOT and name == b".rw":
+            return self._control_attr(self.control.root)
+        path = self._join(parent, name)
+        st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        inode = self.inodes.resolve(path, st)
+        inode.lookups += 1
+        return self._attr(inode.ino, self._stat(inode) if inode.stage else st)
+
+    @_guard(quiet=True)
+    async def forget(self, inode_list: Any) -> None:
+        for ino, n in inode_list:
+            self.inodes.forget(ino, n)
+
+    @_guard()
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        node = self.control.get(inode)
+        if node is not None:
+            return self._control_attr(node)
+        i = self._inode(inode)
+        return self._attr(inode, self._stat(i))
+
+    @_guard()
+    async def setattr(
+        self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        if self.control.get(inode) is not None:
+            if fields.update_size:
+                return self._control_attr(self.control.get(inode))
+            raise pyfuse3.FUSEError(errno.EPERM)
+        i = self._inode(inode)
+        path = i.path
+        st = self._stat(i)
+        journaled = self._journaled(path, st, i.is_dir)
+        if fields.update_size:
+            if journaled and stat.S_ISREG(st.st_mode):
+                await self._ensure_stage(i, truncate=attr.st_size == 0)
+                assert i.stage is not None
+                os.ftruncate(i.stage.fd, attr.st_size)
+                h = self.handles.get(fh) if fh is not None else None
+                if isinstance(h, Handle):
+                    h.dirty = True
+                elif i.handles == 0:  # truncate(2) of a closed file is a commit of its own
+                    await self._commit(i, self._who(ctx))
+            else:
+                self._open_backing(i, writable=True)
+                os.ftruncate(i.fd, attr.st_size)
+        targets: list[Any] = [rel(path)]
+        if i.stage is not None:
+            targets.append(i.stage.fd)
+        changed = []
+        for t in targets:
+            kw: dict[str, Any] = (
+                {} if isinstance(t, int) else {"dir_fd": self.ws.root_fd, "follow_symlinks": False}
+            )
+            if fields.update_uid or fields.update_gid:
+                uid = attr.st_uid if fields.update_uid else -1
+                gid = attr.st_gid if fields.update_gid else -1
+                os.chown(t, uid, gid, **kw)
+                changed.append("owner")
+            if fields.update_mode and not stat.S_ISLNK(st.st_mode):
+                os.chmod(t, stat.S_IMODE(attr.st_mode), **kw)
+                changed.append("mode")
+            if fields.update_atime or fields.update_mtime:
+                cur = os.stat(t, **kw)
+                atime = attr.st_atime_ns if fields.update_atime else cur.st_atime_ns
+                mtime = attr.st_mtime_ns if fields.update_mtime else cur.st_mtime_ns
+                os.utime(t, ns=(atime, mtime), **kw)
+                changed.append("times")
+        if changed and journaled:
+            self._record(
+                ctx,
+                "setattr",
+                path,
+                changed=sorted(set(changed)),
+                mode=stat.S_IMODE(attr.st_mode) if fields.update_mode else None,
+            )
+        return self._attr(inode, self._stat(i))
+
+    @_guard()
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        return os.readlink(rel(self._inode(inode).path), dir_fd=self.ws.root_fd)
+
+    # ---- namespace ----
+
+    async def _new_entry(
+        self, path: bytes, ctx: Any, op: str, **extra: Any
+    ) -> pyfuse3.EntryAttributes:
+        st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (ctx.uid, ctx.gid):
+            os.chown(path, ctx.uid, ctx.gid, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        inode = self.inodes.resolve(path, st)
+        inode.lookups += 1
+        if self._journaled(path, None, stat.S_ISDIR(st.st_mode)):
+            self._record(ctx, op, path, **extra)
+        return self._attr(inode.ino, st)
+
+    def _parent_path(self, parent_inode: int, name: bytes) -> bytes:
+        if self.control.get(parent_inode) is not None:
+            raise pyfuse3.FUSEError(errno.EPERM)
+        path = self._join(self._inode(parent_inode), name)
+        if parent_inode == ROOT and self._is_state_dir(path):
+            raise pyfuse3.FUSEError(errno.EEXIST)
+        return path
+
+    @_guard()
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        path = self._parent_path(parent_inode, name)
+        os.mknod(path, mode & ~ctx.umask, rdev, dir_fd=self.ws.root_fd)
+        return await self._new_entry(path, ctx, "create", type=stat.filemode(mode)[0])
+
+    @_guard()
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        path = self._parent_path(parent_inode, name)
+        os.mkdir(path, mode & ~ctx.umask, dir_fd=self.ws.root_fd)
+        return await self._new_entry(path, ctx, "mkdir")
+
+    @_guard()
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        path = self._parent_path(parent_inode, name)
+        os.symlink(target, path, dir_fd=self.ws.root_fd)
+        return await self._new_entry(path, ctx, "symlink", target=fsdecode(target))
+
+    @_guard()
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        src = self._inode(inode)
+        path = self._parent_path(new_parent_inode, new_name)
+        await self._settle(src)
+        os.link(
+            rel(src.path),
+            path,
+            src_dir_fd=self.ws.root_fd,
+            dst_dir_fd=self.ws.root_fd,
+            follow_symlinks=False,
+        )
+        return await self._new_entry(path, ctx, "link", source=fsdecode(src.path))
+
+    async def _remove(self, parent_inode: int, name: bytes, ctx: Any, is_dir: bool) -> None:
+        path = self._parent_path(parent_inode, name)
+        inode = self.inodes.by_path.get(path)
+        if inode is not None:
+            await self._settle(inode)
+        if is_dir:
+            os.rmdir(path, dir_fd=self.ws.root_fd)
+            if self._journaled(path, None, True):
+                self._record(ctx, "rmdir", path)
+        else:
+            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            incoming = None
+            journaled = self._journaled(path, st)
+            if journaled and stat.S_ISREG(st.st_mode):
+                incoming = self.ws.objects.adopt(self.ws.root_fd, path)  # keep the bytes
+            try:
+                os.unlink(path, dir_fd=self.ws.root_fd)
+            except OSError:
+                if incoming is not None:
+                    os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
+                raise
+            if journaled:
+                self.ws.record(
+                    {"op": "unlink", "path": fsdecode(path), "batch": None, **self._who(ctx)},
+                    incoming=incoming,
+                )
+        self.inodes.detach(path)
+
+    @_guard()
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await self._remove(parent_inode, name, ctx, is_dir=False)
+
+    @_guard()
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await self._remove(parent_inode, name, ctx, is_dir=True)
+
+    @_guard()
+    async def rename(
+        self,
+        old_parent: int,
+        old_name: bytes,
+        new_parent: int,
+        new_name: bytes,
+        flags: int,
+        ctx: Any,
+    ) -> None:
+        src = self._parent_path(old_parent, old_name)
+        dst = self._parent_path(new_parent, new_name)
+        for p in (src, dst):
+            inode = self.inodes.by_path.get(p)
+            if inode is not None:
+                await self._settle(inode)
+        sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        try:
+            dst_st: os.stat_result | None = os.stat(
+                dst, dir_fd=self.ws.root_fd, follow_symlinks=False
+            )
+        except FileNotFoundError:
+            dst_st = None
+        journaled = self._journaled(src, sst, stat.S_ISDIR(sst.st_mode)) or self._journaled(
+            dst, dst_st, stat.S_ISDIR(sst.st_mode)
+        )
+        exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
+        incoming = None
+        if journaled and not exchange and dst_st is not None and stat.S_ISREG(dst_st.st_mode):
+            incoming = self.ws.objects.adopt(self.ws.root_fd, dst)  # keep the replaced bytes
+        moved_fd = None
+        if journaled and stat.S_ISREG(sst.st_mode):
+            moved_fd = os.open(
+                src,
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                dir_fd=self.ws.root_fd,
+            )
+        try:
+            renameat2(self.ws.root_fd, src, self.ws.root_fd, dst, flags)
+        except OSError:
+            if incoming is not None:
+                os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
+            if moved_fd is not None:
+                os.close(moved_fd)
+            raise
+        if exchange:
+            a, b = self.inodes.by_path.get(src), self.inodes.by_path.get(dst)
+            self.inodes.detach(src)
+            self.inodes.detach(dst)
+            for inode, new in ((a, dst), (b, src)):
+                if inode is not None:
+                    inode.paths.add(new)
+                    self.inodes.by_path[new] = inode
+        else:
+            if dst_st is not None:
+                self.inodes.detach(dst)
+            self.inodes.move(src, dst)
+        if journaled:
+            self.ws.record(
+                {
+                    "op": "rename",
+                    "path": fsdecode(src),
+                    "dest": fsdecode(dst),
+                    "batch": None,
+                    "exchange": exchange or None,
+                    **self._who(ctx),
+                },
+                incoming=incoming,
+                hash_fd=moved_fd,
+            )
+
+    # ---- files ----
+
+    @_guard()
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        node = self.control.get(inode)
+        if node is not None:
+            if not isinstance(node, CFile):
+                raise pyfuse3.FUSEError(errno.EISDIR)
+            writable = flags & os.O_ACCMODE != os.O_RDONLY
+            if writable and node.write is None:
+                raise pyfuse3.FUSEError(errno.EACCES)
+            h = ControlHandle(
+                node,
+                b"" if flags & os.O_TRUNC else node.render(),
+                bytearray() if writable else None,
+            )
+            return pyfuse3.FileInfo(fh=self._fh(h), direct_io=True)
+        i = self._inode(inode)
+        writable = flags & os.O_ACCMODE != os.O_RDONLY
+        journaled = self._journaled(i.path, self._stat(i))
+        self._open_backing(i, writable and not journaled)
+        i.handles += 1
+        try:
+            if writable and flags & os.O_TRUNC:
+                if journaled:
+                    await self._ensure_stage(i, truncate=True)
+                    assert i.stage is not None
+                    os.ftruncate(i.stage.fd, 0)
+                else:
+                    self._open_backing(i, writable=True)
+                    os.ftruncate(i.fd, 0)
+        except BaseException:
+            i.handles -= 1
+            self._release_fd(i)
+            raise
+        fh = self._fh(Handle(i, writable, info=self._who(ctx) if writable else {}))
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    @_guard()
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        path = self._parent_path(parent_inode, name)
+        fd = os.open(
+            path,
+            os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (flags & os.O_EXCL),
+            mode & ~ctx.umask,
+            dir_fd=self.ws.root_fd,
+        )
+        os.close(fd)
+        attr = await self._new_entry(path, ctx, "create", intended=EMPTY_DIGEST)
+        fi = await self.open(attr.st_ino, flags & ~os.O_EXCL, ctx)
+        return fi, attr
+
+    @_guard()
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        h = self.handles[fh]
+        if isinstance(h, ControlHandle):
+            return h.data[off : off + size]
+        assert isinstance(h, Handle)
+        i = h.inode
+        fd = i.stage.fd if i.stage is not None else i.fd
+        return os.pread(fd, size, off)
+
+    @_guard()
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        h = self.handles[fh]
+        if isinstance(h, ControlHandle):
+            assert h.written is not None
+            if h.node.verbs and h.node.write is not None:
+                await h.node.write(buf)
+                return len(buf)
+            end = off + len(buf)
+            if end > 1 << 20:
+                raise pyfuse3.FUSEError(errno.EFBIG)
+            if len(h.written) < end:
+                h.written.extend(b"\0" * (end - len(h.written)))
+            h.written[off:end] = buf
+            return len(buf)
+        assert isinstance(h, Handle)
+        i = h.inode
+        if i.stage is None and not self._journaled(i.path, os.fstat(i.fd)):
+            self._open_backing(i, writable=True)
+            return os.pwrite(i.fd, buf, off)
+        if i.stage is None or i.stage.sealed:
+            await self._ensure_stage(i)
+        assert i.stage is not None
+        n = os.pwrite(i.stage.fd, buf, off)
+        h.dirty = True
+        return n
+
+    @_guard()
+    async def flush(self, fh: int) -> None:
+        h = self.handles[fh]
+        if isinstance(h, ControlHandle):
+            if h.written is not None and h.node.write is not None and not h.node.verbs:
+                data, h.written = bytes(h.written), None
+                await h.node.write(data)
+            return
+        assert isinstance(h, Handle)
+        if h.dirty:
+            h.dirty = False
+            await self._commit(h.inode, h.info)
+
+    @_guard(quiet=True)
+    async def release(self, fh: int) -> None:
+        h = self.handles.pop(fh)
+        if not isinstance(h, Handle):
+            return
+        i = h.inode
+        i.handles -= 1
+        if i.handles == 0 and i.stage is not None and not i.stage.sealed:
+            # The last reference: commit what no flush did (e.g. a truncation alone).
+            try:
+                await self._commit(i, h.info or {"pid": 0, "comm": "", "uid": 0})
+            except (RwfsError, OSError) as exc:
+                log.info("commit at release of %r: %s", i.path, exc)
+        self._release_fd(i)
+
+    @_guard()
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        h = self.handles[fh]
+        if not isinstance(h, Handle):
+            return
+        i = h.inode
+        if i.stage is not None or i.pending is not None:
+            h.dirty = False
+            await self._commit(i, h.info, wait=True)
+        elif i.fd >= 0:
+            await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, i.fd)
+
+    # ---- directories ----
+
+    @_guard()
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        node = self.control.get(inode)
+        if node is not None:
+            assert isinstance(node, CDir)
+            return self._fh(DirHandle(None, sorted(node.children)))
+        i = self._inode(inode)
+        fd = os.open(
+            rel(i.path),
+            os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+            dir_fd=self.ws.root_fd,
+        )
+        try:
+            names = sorted(os.fsencode(n) for n in os.listdir(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        if inode == ROOT:
+            names = [n for n in names if n != b".rw"]
+            if self.show_control:
+                names = sorted([*names, b".rw"])
+        return self._fh(DirHandle(i, names, fd))
+
+    @_guard()
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        h = self.handles[fh]
+        assert isinstance(h, DirHandle)
+        for idx in range(start_id, len(h.entries)):
+            name = h.entries[idx]
+            if h.inode is None:
+                node = self.control.root.children[name]
+                if not pyfuse3.readdir_reply(token, name, self._control_attr(node), idx + 1):
+                    return
+                continue
+            if h.inode.ino == ROOT and name == b".rw":
+                if not pyfuse3.readdir_reply(
+                    token, name, self._control_attr(self.control.root), idx + 1
+                ):
+                    return
+                continue
+            try:
+                st = os.stat(name, dir_fd=h.fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed since opendir
+            path = h.inode.path + b"/" + name if h.inode.path else name
+            inode = self.inodes.resolve(path, st)
+            if not pyfuse3.readdir_reply(
+                token,
+                name,
+                self._attr(inode.ino, self._stat(inode) if inode.stage else st),
+                idx + 1,
+            ):
+                self.inodes.maybe_drop(inode)
+                return
+            inode.lookups += 1
+
+    @_guard(quiet=True)
+    async def releasedir(self, fh: int) -> None:
+        h = self.handles.pop(fh)
+        if isinstance(h, DirHandle) and h.fd >= 0:
+            os.close(h.fd)
+
+    @_guard()
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        h = self.handles[fh]
+        if isinstance(h, DirHandle) and h.fd >= 0:
+            await self.ws.sync()
+            await trio.to_thread.run_sync(os.fsync, h.fd)
+
+    # ---- the rest ----
+
+    @_guard()
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        sv = os.statvfs(self.ws.root_fd)
+        d = pyfuse3.StatvfsData()
+        for key in (
+            "f_bsize",
+            "f_frsize",
+            "f_blocks",
+            "f_bfree",
+            "f_bavail",
+            "f_files",
+            "f_ffree",
+            "f_favail",
+            "f_namemax",
+        ):
+            setattr(d, key, getattr(sv, key))
+        return d
+
+    def _xattr_targets(self, inode: int) -> list[Any]:
+        if self.control.get(inode) is not None:
+            raise pyfuse3.FUSEError(errno.ENOTSUP)
+        i = self._inode(inode)
+        path = f"/proc/self/fd/{self.ws.root_fd}/".encode() + i.path
+        return [path] + ([i.stage.fd] if i.stage is not None else [])
+
+    @_guard()
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        for t in self._xattr_targets(inode):
+            os.setxattr(t, name, value, follow_symlinks=isinstance(t, int))
+
+    @_guard()
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        t = self._xattr_targets(inode)[-1]
+        return os.getxattr(t, name, follow_symlinks=isinstance(t, int))
+
+    @_guard()
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        t = self._xattr_targets(inode)[-1]
+        return [os.fsencode(n) for n in os.listxattr(t, follow_symlinks=isinstance(t, int))]
+
+    @_guard()
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        for t in self._xattr_targets(inode):
+            os.removexattr(t, name, follow_symlinks=isinstance(t, int))

@@ -1,0 +1,130 @@
+"""The inode table: FUSE inode numbers, the paths and backing files they stand for.
+
+rwfs hands out its own inode numbers, because a commit replaces a file's backing inode (the
+stage is renamed over it) while the file must keep its identity for the kernel and for every
+open handle. Hard links share one ``Inode`` (found by the backing ``(st_dev, st_ino)``).
+Descriptors are bounded: an inode holds a backing descriptor only while it has open handles
+or a stage; paths are resolved from the root descriptor.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+if TYPE_CHECKING:
+    from .workspace import Commit, Stage
+
+ROOT = 1
+
+
+@dataclass(eq=False)
+class Inode:
+    ino: int
+    paths: set[bytes]
+    key: tuple[int, int]
+    is_dir: bool
+    lookups: int = 0
+    handles: int = 0
+    fd: int = -1  # backing descriptor while handles are open
+    fd_writable: bool = False
+    stage: Stage | None = None  # shared by every writer until a commit point
+    pending: Commit | None = None  # sealed and queued for the group committer
+    lock: trio.Lock = field(default_factory=trio.Lock)
+
+    @property
+    def path(self) -> bytes:
+        """One path of this inode (hard links have several; any one reaches the file)."""
+        return min(self.paths) if self.paths else b""
+
+    @property
+    def busy(self) -> bool:
+        return self.handles > 0 or self.stage is not None or self.pending is not None
+
+
+class InodeTable:
+    def __init__(self, root_key: tuple[int, int], first_free: int) -> None:
+        root = Inode(ROOT, {b""}, root_key, True, lookups=1)
+        self.by_ino: dict[int, Inode] = {ROOT: root}
+        self.by_path: dict[bytes, Inode] = {b"": root}
+        self.by_key: dict[tuple[int, int], Inode] = {root_key: root}
+        self._next = first_free
+
+    def allocate(self) -> int:
+        n = self._next
+        self._next += 1
+        return n
+
+    def get(self, ino: int) -> Inode | None:
+        return self.by_ino.get(ino)
+
+    def resolve(self, path: bytes, st: os.stat_result) -> Inode:
+        """The inode for ``path`` whose backing file has stat ``st`` (found or new)."""
+        key = (st.st_dev, st.st_ino)
+        inode = self.by_path.get(path)
+        if inode is not None:
+            if inode.key == key or inode.stage is not None or inode.pending is not None:
+                return inode
+            self.detach(path)  # the path now names another file
+        inode = self.by_key.get(key)
+        if inode is None:
+            inode = Inode(self.allocate(), set(), key, stat.S_ISDIR(st.st_mode))
+            self.by_ino[inode.ino] = inode
+            self.by_key[key] = inode
+        inode.paths.add(path)
+        self.by_path[path] = inode
+        return inode
+
+    def detach(self, path: bytes) -> Inode | None:
+        """Forget that ``path`` names its inode (after unlink, or rename over it)."""
+        inode = self.by_path.pop(path, None)
+        if inode is not None:
+            inode.paths.discard(path)
+            self.maybe_drop(inode)
+        return inode
+
+    def move(self, src: bytes, dst: bytes) -> None:
+        """Record a rename: ``src`` (and for a directory everything below it) is now ``dst``."""
+        inode = self.by_path.pop(src, None)
+        if inode is None:
+            return
+        inode.paths.discard(src)
+        inode.paths.add(dst)
+        self.by_path[dst] = inode
+        if inode.is_dir:
+            prefix = src + b"/"
+            for old in [p for p in self.by_path if p.startswith(prefix)]:
+                child = self.by_path.pop(old)
+                new = dst + old[len(src) :]
+                child.paths.discard(old)
+                child.paths.add(new)
+                self.by_path[new] = child
+
+    def rekey(self, inode: Inode, key: tuple[int, int]) -> None:
+        """The inode's bytes now live in another backing inode (a commit renamed it)."""
+        if self.by_key.get(inode.key) is inode:
+            del self.by_key[inode.key]
+        inode.key = key
+        self.by_key[key] = inode
+
+    def forget(self, ino: int, n: int) -> None:
+        inode = self.by_ino.get(ino)
+        if inode is None or ino == ROOT:
+            return
+        inode.lookups -= n
+        self.maybe_drop(inode)
+
+    def maybe_drop(self, inode: Inode) -> None:
+        if inode.lookups > 0 or inode.busy or inode.ino == ROOT:
+            return
+        self.by_ino.pop(inode.ino, None)
+        if self.by_key.get(inode.key) is inode:
+            del self.by_key[inode.key]
+        for p in inode.paths:
+            if self.by_path.get(p) is inode:
+                del self.by_path[p]
+        inode.paths.clear()

@@ -1,0 +1,90 @@
+"""The intent log: what rwfs promised before LMDB knows it.
+
+In ``group`` durability, ``close()`` returns as soon as the commit cannot be lost by a crash
+of the daemon. That moment is one ``write()`` of a JSON line to this append-only log (page
+cache survives the daemon; no sync). The group committer later makes each intent durable in
+LMDB. The log is split in generations, ``.rw/intents/<gen>.log``: the committer rotates to a
+new generation when it takes a group, and deletes the old file once LMDB has applied it.
+``meta.prepared_gen`` / ``meta.applied_gen`` in the store say how far LMDB got, so recovery
+knows which records are already journaled (see recovery.py).
+
+Records: ``{"kind": "commit", "id", "path", "stage", "expected", "intended", "size", …}`` and
+``{"kind": "event", "event": {...}, "incoming": name-or-null}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+class IntentLog:
+    def __init__(self, state_fd: int) -> None:
+        try:
+            os.mkdir(b"intents", 0o700, dir_fd=state_fd)
+        except FileExistsError:
+            pass
+        self.dir_fd = os.open(b"intents", os.O_RDONLY | os.O_DIRECTORY, dir_fd=state_fd)
+        self.gen = 0
+        self.fd = -1
+
+    def start(self) -> None:
+        """Open a new generation for appending (recovery only reads the old ones)."""
+        gens = self.generations()
+        self.gen = (gens[-1] if gens else 0) + 1
+        self.fd = self._open(self.gen)
+
+    def _open(self, gen: int) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        return os.open(f"{gen:016x}.log", flags, 0o600, dir_fd=self.dir_fd)
+
+    def append(self, record: dict[str, Any]) -> None:
+        # One write() of one line: a record is either wholly in the page cache or absent.
+        os.write(self.fd, (json.dumps(record) + "\n").encode())
+
+    def rotate(self) -> int:
+        """Start a new generation; returns the one just closed."""
+        old, oldfd = self.gen, self.fd
+        self.gen += 1
+        self.fd = self._open(self.gen)
+        os.close(oldfd)
+        return old
+
+    def drop(self, gen: int) -> None:
+        try:
+            os.unlink(f"{gen:016x}.log", dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            pass
+
+    def generations(self) -> list[int]:
+        out = []
+        for name in os.listdir(self.dir_fd):
+            stem, _, ext = name.partition(".")
+            if ext == "log":
+                try:
+                    out.append(int(stem, 16))
+                except ValueError:
+                    continue
+        return sorted(out)
+
+    def records(self, gen: int) -> list[dict[str, Any]]:
+        """The complete records of a generation (a torn last line is ignored)."""
+        fd = os.open(f"{gen:016x}.log", os.O_RDONLY, dir_fd=self.dir_fd)
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read()
+        finally:
+            os.close(fd)
+        out = []
+        for line in data.split(b"\n"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        os.close(self.dir_fd)

@@ -1,0 +1,229 @@
+"""Mounting: open the workspace, recover, mount, serve, and unmount cleanly.
+
+Order matters (SPEC §1 pitfalls): everything reached by path — the workspace directory,
+the state directory, the LMDB environment — is opened *before* the mount, because once
+mounted over, a path under the workspace resolves into the mount itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pyfuse3
+import trio
+
+from .control import write_state_file
+from .fs import Operations
+from .policy import DEFAULT_TEXT, Policy, PolicyError
+from .recovery import recover
+from .store import Store
+from .workspace import Workspace
+
+log = logging.getLogger("rwfs")
+
+STATE_MARK = b"rwfs-state"
+OUR_OPTIONS = {"show_control"}
+
+
+class QuietError(Exception):
+    """An error a user can fix: printed as one line, no traceback."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def rwfs_mounts() -> dict[str, str]:
+    """Mount points of rwfs filesystems → their mount source (from /proc/self/mountinfo)."""
+    out = {}
+    with open("/proc/self/mounts", "rb") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3 and parts[2] == b"fuse.rwfs":
+                point = parts[1].decode().replace("\\040", " ").replace("\\011", "\t")
+                point = point.replace("\\012", "\n").replace("\\134", "\\")
+                out[point] = parts[0].decode()
+    return out
+
+
+def open_state(workspace_fd: int, create: bool) -> int:
+    """Open (or make) WORKSPACE/.rw, refusing a ``.rw`` that is not rwfs state."""
+    try:
+        fd = os.open(b".rw", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=workspace_fd)
+    except FileNotFoundError:
+        if not create:
+            raise QuietError(
+                "this directory has no rwfs state (.rw): it was never mounted"
+            ) from None
+        os.mkdir(b".rw", 0o700, dir_fd=workspace_fd)
+        fd = os.open(b".rw", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=workspace_fd)
+        write_state_file(fd, STATE_MARK, b"This directory holds rwfs state. Do not edit.\n")
+        write_state_file(fd, b".gitignore", b"*\n")
+        write_state_file(fd, b"policy.toml", DEFAULT_TEXT.encode())
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+            raise QuietError(
+                "WORKSPACE/.rw exists and is not a directory of rwfs state; rwfs changed "
+                "nothing. Move it away, then mount again."
+            ) from None
+        raise
+    try:
+        os.stat(STATE_MARK, dir_fd=fd)
+    except FileNotFoundError:
+        os.close(fd)
+        raise QuietError(
+            "WORKSPACE/.rw exists and is not rwfs state (no .rw/rwfs-state); rwfs changed "
+            "nothing. Move it away, then mount again."
+        ) from None
+    return fd
+
+
+def load_policy(state_fd: int) -> Policy:
+    try:
+        fd = os.open(b"policy.toml", os.O_RDONLY, dir_fd=state_fd)
+    except FileNotFoundError:
+        return Policy()
+    with os.fdopen(fd, "rb") as f:
+        text = f.read().decode("utf-8", "replace")
+    try:
+        return Policy.parse(text)
+    except PolicyError as exc:
+        raise QuietError(f".rw/policy.toml: {exc}") from None
+
+
+def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | None) -> None:
+    """Run the daemon in the foreground until the mount goes away."""
+    workspace = os.path.realpath(workspace)
+    mountpoint = os.path.realpath(mountpoint)
+    if workspace in rwfs_mounts() or mountpoint in rwfs_mounts():
+        raise QuietError(f"{mountpoint} is already an rwfs mount; a second mount is refused")
+    root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    state_fd = open_state(root_fd, create=True)
+    lock_fd = os.open(b"lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=state_fd)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise QuietError(f"{workspace} is already mounted by another rwfs daemon") from None
+    policy = load_policy(state_fd)
+    store = Store(f"/proc/self/fd/{state_fd}/journal")
+    ws = Workspace(root_fd, state_fd, store, policy)
+    summary = recover(ws, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    if any(summary.values()):
+        print(f"rwfs: recovered: {summary}", file=sys.stderr, flush=True)
+    ws.open_intents()
+    overmount = workspace == mountpoint
+    info: dict[str, Any] = {
+        "pid": os.getpid(),
+        "workspace": workspace,
+        "mountpoint": mountpoint,
+        "options": sorted(options),
+        "root_fd": root_fd,
+        "state_fd": state_fd,
+    }
+    # Over the workspace only rwfs changes the tree, so the kernel may cache long; with a
+    # separate mount point the raw tree can change behind our back.
+    ops = Operations(ws, info, "show_control" in options, timeout=60.0 if overmount else 1.0)
+    fuse_opts = set(pyfuse3.default_options) | {"fsname=rwfs", "subtype=rwfs"}
+    fuse_opts |= options - OUR_OPTIONS
+    try:
+        pyfuse3.init(ops, mountpoint, fuse_opts)
+    except RuntimeError as exc:
+        raise QuietError(f"mounting {mountpoint} failed: {exc} (try 'rwfs doctor')") from None
+    if ready_fd is not None:
+        os.write(ready_fd, b"ok\n")
+        os.close(ready_fd)
+        _quiet_stdio(state_fd)
+    try:
+        trio.run(_main, ws)
+    finally:
+        pyfuse3.close(unmount=True)
+        store.close()
+
+
+async def _main(ws: Workspace) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ws.run_committer)
+        nursery.start_soon(_on_signals)
+        await pyfuse3.main()
+        # Unmounted: finish every queued commit before the process ends.
+        await ws.close()
+        nursery.cancel_scope.cancel()
+
+
+async def _on_signals() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for _ in signals:
+            pyfuse3.terminate()
+            return
+
+
+def _quiet_stdio(state_fd: int) -> None:
+    """Detach from the terminal: logs go to .rw/daemon.log."""
+    fd = os.open(b"daemon.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600, dir_fd=state_fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.close(devnull)
+
+
+def spawn(workspace: str, mountpoint: str, options: list[str]) -> None:
+    """Start the daemon in the background; return once the mount is ready or failed."""
+    rfd, wfd = os.pipe()
+    cmd = [sys.executable, "-m", "rwfs.cli", "mount", "--foreground", "--ready-fd", str(wfd)]
+    for o in options:
+        cmd += ["-o", o]
+    cmd += [workspace, mountpoint]
+    proc = subprocess.Popen(cmd, pass_fds=[wfd], start_new_session=True, stdin=subprocess.DEVNULL)
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as r:
+        answer = r.read(3)
+    if answer != b"ok\n":
+        code = proc.wait()
+        raise QuietError(f"rwfs: the mount failed (daemon exit {code}); see the message above")
+
+
+def umount(mountpoint: str, timeout: float = 60.0) -> None:
+    mountpoint = os.path.realpath(mountpoint)
+    if mountpoint not in rwfs_mounts():
+        raise QuietError(f"{mountpoint} is not an rwfs mount")
+    pid = daemon_pid(mountpoint)
+    res = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise QuietError(f"unmounting {mountpoint} failed: {res.stderr.strip()}")
+    deadline = time.monotonic() + timeout
+    while pid and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        if _is_zombie(pid):
+            break
+        time.sleep(0.05)
+    if pid and os.path.exists(f"/proc/{pid}") and not _is_zombie(pid):
+        raise QuietError(
+            f"the daemon (pid {pid}) is still finishing its commits after {timeout:.0f}s"
+        )
+
+
+def daemon_pid(mountpoint: str) -> int:
+    import json
+
+    try:
+        with open(os.path.join(mountpoint, ".rw", "status"), "rb") as f:
+            return int(json.load(f)["pid"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True

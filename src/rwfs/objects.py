@@ -1,0 +1,148 @@
+"""Content-addressed object store under ``.rw/objects/ab/cdef…`` (named by SHA-256).
+
+Objects are the previous bytes of files that rwfs replaced or removed. They enter the store
+by hard link of the old inode (no copy): a removed inode is first linked under
+``objects/incoming/<uuid>`` (a cheap syscall on the request path) and later hashed and moved
+to its digest name by the group committer, off the event loop.
+
+Everything here is blocking: callers run it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+
+EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
+_CHUNK = 1 << 20
+
+
+def digest_fd(fd: int) -> tuple[str, int]:
+    """SHA-256 of a file's whole content, read through ``fd``; returns (digest, size)."""
+    h = hashlib.sha256()
+    off = 0
+    while True:
+        buf = os.pread(fd, _CHUNK, off)
+        if not buf:
+            break
+        h.update(buf)
+        off += len(buf)
+    return "sha256:" + h.hexdigest(), off
+
+
+def digest_bytes(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def copy_fd(src: int, dst: int) -> tuple[str, int]:
+    """Copy ``src`` into ``dst`` (both at offset 0) while hashing; returns (digest, size)."""
+    h = hashlib.sha256()
+    off = 0
+    while True:
+        buf = os.pread(src, _CHUNK, off)
+        if not buf:
+            break
+        h.update(buf)
+        view = memoryview(buf)
+        while view:
+            n = os.pwrite(dst, view, off)
+            view = view[n:]
+            off += n
+    return "sha256:" + h.hexdigest(), off
+
+
+class ObjectStore:
+    def __init__(self, state_fd: int) -> None:
+        _makedirs_at(state_fd, b"objects")
+        _makedirs_at(state_fd, b"objects/incoming")
+        self.fd = os.open(b"objects", os.O_RDONLY | os.O_DIRECTORY, dir_fd=state_fd)
+        self.incoming_fd = os.open(b"incoming", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.fd)
+
+    @staticmethod
+    def name(digest: str) -> bytes:
+        hexd = digest.split(":", 1)[1]
+        return f"{hexd[:2]}/{hexd[2:]}".encode()
+
+    def exists(self, digest: str) -> bool:
+        try:
+            os.stat(self.name(digest), dir_fd=self.fd, follow_symlinks=False)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def open(self, digest: str) -> int:
+        return os.open(self.name(digest), os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
+
+    def _place(self, src_dir_fd: int, src: bytes, digest: str, move: bool) -> None:
+        name = self.name(digest)
+        sub = name.split(b"/")[0]
+        try:
+            os.mkdir(sub, 0o700, dir_fd=self.fd)
+        except FileExistsError:
+            pass
+        # link (+ unlink for a move) rather than rename: never replace an object that exists.
+        try:
+            os.link(src, name, src_dir_fd=src_dir_fd, dst_dir_fd=self.fd, follow_symlinks=False)
+        except FileExistsError:
+            pass
+        if move:
+            os.unlink(src, dir_fd=src_dir_fd)
+
+    def keep_link(self, dir_fd: int, path: bytes, digest: str) -> None:
+        """Keep the inode at ``path`` (relative to ``dir_fd``) as object ``digest``."""
+        self._place(dir_fd, path, digest, move=False)
+
+    def adopt(self, dir_fd: int, path: bytes) -> bytes:
+        """Link the inode at ``path`` into ``incoming/``; returns its incoming name."""
+        name = uuid.uuid4().hex.encode()
+        os.link(path, name, src_dir_fd=dir_fd, dst_dir_fd=self.incoming_fd, follow_symlinks=False)
+        return name
+
+    def settle_incoming(self, name: bytes) -> tuple[str, int] | None:
+        """Hash an adopted inode and move it to its digest name; None if it is gone."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.incoming_fd)
+        except FileNotFoundError:
+            return None
+        try:
+            digest, size = digest_fd(fd)
+        finally:
+            os.close(fd)
+        self._place(self.incoming_fd, name, digest, move=True)
+        return digest, size
+
+    def incoming(self) -> list[bytes]:
+        return [os.fsencode(n) for n in os.listdir(self.incoming_fd)]
+
+    def keep_fd_copy(self, fd: int, digest: str) -> None:
+        """Keep a copy of the bytes behind ``fd`` as ``digest`` (for inodes still in use)."""
+        if self.exists(digest):
+            return
+        tmp = uuid.uuid4().hex.encode()
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400, dir_fd=self.incoming_fd)
+        try:
+            copy_fd(fd, out)
+            os.fsync(out)
+        finally:
+            os.close(out)
+        self._place(self.incoming_fd, tmp, digest, move=True)
+
+    def all(self) -> list[str]:
+        out: list[str] = []
+        for sub in os.listdir(self.fd):
+            if len(sub) != 2:
+                continue
+            subfd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.fd)
+            try:
+                out.extend("sha256:" + sub + rest for rest in os.listdir(subfd))
+            finally:
+                os.close(subfd)
+        return out
+
+
+def _makedirs_at(dir_fd: int, path: bytes) -> None:
+    try:
+        os.mkdir(path, 0o700, dir_fd=dir_fd)
+    except FileExistsError:
+        pass

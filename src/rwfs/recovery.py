@@ -1,0 +1,158 @@
+"""Recovery at every mount, before the mount is served (SPEC §6.2, docs/recovery.md).
+
+1. Intent-log generations LMDB has not applied become receipts (commits) and events
+   (namespace operations): these writers were told they succeeded.
+2. Every unsettled receipt is classified by comparing the live file with its digests:
+   intended → committed, nothing written; expected → the owed write is performed;
+   neither → a conflict, nothing written; unreadable → stays pending.
+3. Removed bytes left in ``objects/incoming`` are hashed into place; orphaned stages go.
+
+Blocking; runs before trio starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .intents import IntentLog
+from .objects import digest_fd
+from .workspace import Commit, Stage, Workspace, record_commit
+
+
+def recover(ws: Workspace, progress: Callable[[str], None] | None = None) -> dict[str, int]:
+    say = progress or (lambda msg: None)
+    summary = {"intents": 0, "committed": 0, "performed": 0, "conflicts": 0, "pending": 0}
+    log = IntentLog(ws.state_fd)
+    try:
+        _replay_intents(ws, log, summary, say)
+    finally:
+        log.close()
+    unsettled = ws.store.unsettled()
+    for n, receipt in enumerate(unsettled, 1):
+        if n % 500 == 0:
+            say(f"recovery: {n}/{len(unsettled)} receipts")
+        summary[_settle(ws, receipt)] += 1
+    for adopted in ws.objects.incoming():
+        ws.objects.settle_incoming(adopted)
+    live_stages = {r["stage"].encode() for r in ws.store.unsettled() if r.get("stage")}
+    for name in os.listdir(ws.staging_fd):
+        if os.fsencode(name) not in live_stages:
+            os.unlink(name, dir_fd=ws.staging_fd)
+    if any(summary.values()):
+        ws.store.write(lambda txn: txn.append_event({"op": "recover", "path": "", **summary}))
+    return summary
+
+
+def _replay_intents(
+    ws: Workspace, log: IntentLog, summary: dict[str, int], say: Callable[[str], None]
+) -> None:
+    applied = ws.store.meta_int(b"applied_gen")
+    prepared = ws.store.meta_int(b"prepared_gen")
+    for gen in log.generations():
+        if gen <= applied:
+            log.drop(gen)
+            continue
+        records = log.records(gen)
+        say(f"recovery: intent log generation {gen}: {len(records)} records")
+
+        def replay(txn: Any, records: list[dict[str, Any]] = records, gen: int = gen) -> None:
+            for rec in records:
+                if rec["kind"] == "commit" and gen > prepared:
+                    # The writer was told it succeeded; the receipt is owed.
+                    txn.new_receipt(
+                        {
+                            "batch": None,
+                            "path": rec["path"],
+                            "expected": rec["expected"],
+                            "intended": rec["intended"],
+                            "stage": rec["stage"],
+                            "intent": rec["id"],
+                            "info": rec.get("info", {}),
+                            "size": rec["size"],
+                        }
+                    )
+                elif rec["kind"] == "event":
+                    ev = dict(rec["event"], recovered=True)
+                    if rec.get("incoming"):
+                        got = ws.objects.settle_incoming(rec["incoming"].encode())
+                        if got is not None:
+                            ev["expected"], ev["size"] = got
+                    lsn = txn.append_event(ev)
+                    ws._record_event_state(txn, ev, lsn)
+                summary["intents"] += 1
+            txn.set_meta_int(b"prepared_gen", max(prepared, gen))
+            txn.set_meta_int(b"applied_gen", gen)
+
+        ws.store.write(replay)
+        log.drop(gen)
+
+
+def _settle(ws: Workspace, receipt: dict[str, Any]) -> str:
+    """Classify one unsettled receipt by the live file (the §6.2 table) and act on it."""
+    path = os.fsencode(receipt["path"])
+    try:
+        live, st = ws.live_digest(path)
+    except OSError as exc:
+        print(
+            f"rwfs: recovery: {receipt['path']}: cannot read ({exc.strerror}); left pending",
+            file=sys.stderr,
+        )
+        return "pending"
+    stage_fd = _open_stage(ws, receipt.get("stage"))
+    info = dict(receipt.get("info") or {}, receipt=receipt["id"], recovered=True)
+    stage = Stage(
+        stage_fd if stage_fd is not None else -1,
+        (receipt.get("stage") or "").encode(),
+        receipt["expected"],
+    )
+    c = Commit(path, stage, receipt["intended"], receipt.get("size", 0), info)
+    if live == receipt["intended"]:
+        c.outcome = "landed"
+        c.info["kept"] = ws.objects.exists(receipt["expected"])
+        if stage_fd is not None:
+            ws.drop_stage(stage)
+        result = "committed"
+    elif live == receipt["expected"] and stage_fd is not None and _holds(stage_fd, c.intended):
+        ws._replace(c)
+        result = {"committed": "performed", "landed": "committed"}.get(c.outcome, c.outcome)
+        if c.outcome == "error":
+            result = "pending"
+    elif live == receipt["expected"]:
+        if stage_fd is not None:
+            os.close(stage_fd)
+        print(
+            f"rwfs: recovery: {receipt['path']}: the staged bytes are gone or damaged; "
+            "the file keeps its previous bytes and the receipt stays pending",
+            file=sys.stderr,
+        )
+        return "pending"
+    else:
+        c.outcome = "conflict"
+        c.info["actual"] = live
+        if stage_fd is not None:
+            ws._keep_intended(c)
+        result = "conflicts"
+    if result == "pending":
+        if stage_fd is not None:
+            os.close(stage_fd)
+        return result
+    ws.store.write(record_commit, c)
+    if c.outcome == "committed" and stage_fd is not None:
+        os.close(stage_fd)
+    return result
+
+
+def _holds(fd: int, digest: str) -> bool:
+    return digest_fd(fd)[0] == digest
+
+
+def _open_stage(ws: Workspace, name: str | None) -> int | None:
+    if not name:
+        return None
+    try:
+        return os.open(name, os.O_RDWR | os.O_NOFOLLOW, dir_fd=ws.staging_fd)
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,225 @@
+"""The LMDB journal: the one place that owns the on-disk schema.
+
+The environment lives at ``WORKSPACE/.rw/journal/``. Every database is named; keys and
+values are listed here, and this docstring is the canonical reference for them.
+
+``meta``       — ``b"schema"`` → ASCII schema version (``SCHEMA_VERSION``).
+                 ``b"lsn"`` → u64, the last log sequence number handed out.
+                 ``b"receipt"`` → u64, the last receipt id handed out.
+                 ``b"prepared_gen"`` / ``b"applied_gen"`` → u64, the newest intent-log
+                 generation whose receipts are prepared / whose events are all applied
+                 (see ``intents.py``).
+                 ``b"count:<name>"`` → u64 counters shown in ``.rw/status``.
+``events``     — u64 LSN (big-endian) → JSON event (SPEC §7.1), append-only.
+``receipts``   — u64 receipt id → JSON receipt ``{id, batch, path, expected, intended,
+                 state, stage, lsn, ts}``; ``state`` is ``prepared``, ``committed``,
+                 ``conflict`` or ``pending``.
+``unsettled``  — u64 receipt id → empty: the receipts recovery must look at.
+``paths``      — path (bytes, relative to the workspace) → JSON ``{digest, lsn}``: the
+                 last journaled content of each path (``digest`` null once deleted).
+``objects``    — digest (ASCII ``sha256:…``) → JSON ``{size, lsn}``: objects the store
+                 holds, with the LSN that first kept them.
+
+Paths inside JSON are ``os.fsdecode``d (surrogate escapes keep any byte). File contents
+never enter the journal: they live in the object store.
+
+A write transaction is opened, used and committed within one call on one thread (py-lmdb
+requires it); callers run these calls through ``trio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import lmdb
+
+SCHEMA_VERSION = b"1"
+_U64 = struct.Struct(">Q")
+_DBS = (b"meta", b"events", b"receipts", b"unsettled", b"paths", b"objects")
+
+
+class JournalUnavailable(Exception):
+    """LMDB could not commit (map or disk full, I/O error): nothing was recorded."""
+
+
+def u64(n: int) -> bytes:
+    return _U64.pack(n)
+
+
+def from_u64(b: Any) -> int:
+    return int(_U64.unpack(bytes(b))[0])
+
+
+def now_iso() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+class Txn:
+    """A write transaction with the journal's vocabulary."""
+
+    def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
+        self._s = store
+        self._t = txn
+
+    def _next(self, key: bytes) -> int:
+        raw = self._t.get(key, db=self._s.db[b"meta"])
+        n = (from_u64(raw) if raw else 0) + 1
+        self._t.put(key, u64(n), db=self._s.db[b"meta"])
+        return n
+
+    def append_event(self, event: dict[str, Any]) -> int:
+        lsn = self._next(b"lsn")
+        event = {"lsn": lsn, "ts": event.pop("ts", None) or now_iso(), **event}
+        self._t.put(u64(lsn), json.dumps(event).encode(), db=self._s.db[b"events"])
+        return lsn
+
+    def new_receipt(self, receipt: dict[str, Any]) -> int:
+        rid = self._next(b"receipt")
+        receipt = {"id": rid, "state": "prepared", "ts": now_iso(), **receipt}
+        self.put_receipt(receipt)
+        return rid
+
+    def put_receipt(self, receipt: dict[str, Any]) -> None:
+        key = u64(receipt["id"])
+        self._t.put(key, json.dumps(receipt).encode(), db=self._s.db[b"receipts"])
+        if receipt["state"] in ("prepared", "pending"):
+            self._t.put(key, b"", db=self._s.db[b"unsettled"])
+        else:
+            self._t.delete(key, db=self._s.db[b"unsettled"])
+
+    def set_path(self, path: bytes, digest: str | None, lsn: int) -> None:
+        value = json.dumps({"digest": digest, "lsn": lsn}).encode()
+        self._t.put(path or b".", value, db=self._s.db[b"paths"])
+
+    def add_object(self, digest: str, size: int, lsn: int) -> None:
+        db = self._s.db[b"objects"]
+        if self._t.get(digest.encode(), db=db) is None:
+            self._t.put(digest.encode(), json.dumps({"size": size, "lsn": lsn}).encode(), db=db)
+
+    def bump(self, counter: str, by: int = 1) -> None:
+        key = b"count:" + counter.encode()
+        raw = self._t.get(key, db=self._s.db[b"meta"])
+        self._t.put(key, u64((from_u64(raw) if raw else 0) + by), db=self._s.db[b"meta"])
+
+    def set_meta_int(self, key: bytes, value: int) -> None:
+        self._t.put(key, u64(value), db=self._s.db[b"meta"])
+
+    def receipt(self, rid: int) -> dict[str, Any] | None:
+        raw = self._t.get(u64(rid), db=self._s.db[b"receipts"])
+        return json.loads(bytes(raw)) if raw else None
+
+
+class Store:
+    """The journal environment. One per process, opened before the mount is served."""
+
+    def __init__(self, path: str, map_size: int = 1 << 30, readonly: bool = False) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.env = lmdb.open(
+            path,
+            map_size=map_size,
+            max_dbs=len(_DBS) + 2,
+            subdir=True,
+            sync=True,
+            metasync=True,
+            writemap=False,
+            readonly=readonly,
+            lock=True,
+        )
+        self.env.reader_check()
+        if readonly:
+            self.db = {name: self.env.open_db(name, create=False) for name in _DBS}
+            return
+        self.db = {name: self.env.open_db(name) for name in _DBS}
+        with self.env.begin(write=True) as txn:
+            found = txn.get(b"schema", db=self.db[b"meta"])
+            if found is None:
+                txn.put(b"schema", SCHEMA_VERSION, db=self.db[b"meta"])
+            elif found != SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"journal schema {found.decode()} is not {SCHEMA_VERSION.decode()}; "
+                    "this rwfs cannot read it"
+                )
+
+    def close(self) -> None:
+        self.env.close()
+
+    def write(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn(txn, *args)`` in one durable write transaction; grow the map when full.
+
+        Raises ``JournalUnavailable`` when LMDB cannot commit, with nothing recorded.
+        """
+        for _ in range(4):
+            try:
+                with self.env.begin(write=True) as txn:
+                    return fn(Txn(self, txn), *args)
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            except (lmdb.Error, OSError) as exc:
+                raise JournalUnavailable(str(exc)) from exc
+        raise JournalUnavailable("the journal's map stayed full after growing it")
+
+    # ---- reads: short read transactions ----
+
+    def meta_int(self, key: bytes) -> int:
+        with self.env.begin() as txn:
+            raw = txn.get(key, db=self.db[b"meta"])
+        return from_u64(raw) if raw else 0
+
+    def counters(self) -> dict[str, int]:
+        out = {}
+        with self.env.begin() as txn:
+            for key, raw in txn.cursor(db=self.db[b"meta"]):
+                if key.startswith(b"count:"):
+                    out[key[6:].decode()] = from_u64(raw)
+        return out
+
+    def events(
+        self, since: int = 0, path: str | None = None, last: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Events with LSN > ``since`` in order; only ``last`` newest ones if given."""
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db[b"events"])
+            if last is not None and path is None:
+                if not cur.last():
+                    return
+                start = max(since + 1, from_u64(cur.key()) - last + 1)
+            else:
+                start = since + 1
+            if not cur.set_range(u64(start)):
+                return
+            found = []
+            for _, raw in cur:
+                ev = json.loads(raw)
+                if path is None or ev.get("path") == path or ev.get("dest") == path:
+                    found.append(ev)
+        yield from found[-last:] if last is not None else found
+
+    def unsettled(self) -> list[dict[str, Any]]:
+        with self.env.begin() as txn:
+            ids = [k for k, _ in txn.cursor(db=self.db[b"unsettled"])]
+            return [json.loads(bytes(txn.get(k, db=self.db[b"receipts"]))) for k in ids]
+
+    def receipts(self) -> Iterator[dict[str, Any]]:
+        with self.env.begin() as txn:
+            rows = [json.loads(raw) for _, raw in txn.cursor(db=self.db[b"receipts"])]
+        yield from rows
+
+    def paths(self) -> dict[bytes, dict[str, Any]]:
+        with self.env.begin() as txn:
+            return {k: json.loads(v) for k, v in txn.cursor(db=self.db[b"paths"])}
+
+    def objects(self) -> dict[str, dict[str, Any]]:
+        with self.env.begin() as txn:
+            return {k.decode(): json.loads(v) for k, v in txn.cursor(db=self.db[b"objects"])}
+
+    def size_bytes(self) -> int:
+        info = self.env.info()
+        stat = self.env.stat()
+        return int((info["last_pgno"] + 1) * stat["psize"])

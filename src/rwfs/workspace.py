@@ -1,0 +1,561 @@
+"""The core: a workspace's backing tree, its stages and the group committer (SPEC §3).
+
+Nothing here knows about FUSE. The tree is reached only through ``root_fd`` with ``*at()``
+calls and no-follow flags; paths are bytes relative to the workspace root (``b""`` is the
+root itself).
+
+Concurrency (trio): handlers interleave only at ``await``. Blocking work — hashing, copies,
+fsync, LMDB commits, renames of a group — runs in worker threads. Invariants that rely on
+"no await here" are marked ``# atomic:`` where they occur.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from . import faults
+from .intents import IntentLog
+from .objects import ObjectStore, copy_fd, digest_fd
+from .policy import Policy
+from .store import JournalUnavailable, Store, now_iso
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_LIMIT = trio.CapacityLimiter(4)
+
+
+def syncfs(fd: int) -> None:
+    if _libc.syncfs(fd) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def renameat2(src_dir_fd: int, src: bytes, dst_dir_fd: int, dst: bytes, flags: int) -> None:
+    """rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE, which ``os`` does not offer."""
+    if not flags:
+        os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        return
+    if _libc.renameat2(src_dir_fd, src, dst_dir_fd, dst, flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def rel(path: bytes) -> bytes:
+    """The name to give an ``*at()`` call for a workspace path (the root is ``.``)."""
+    return path or b"."
+
+
+def fsdecode(path: bytes) -> str:
+    return os.fsdecode(path)
+
+
+class RwfsError(Exception):
+    """A refusal or failure with an errno and a SPEC §7.2 envelope."""
+
+    def __init__(
+        self, errno_: int, error: str, reason_hint: str, message: str, **extra: Any
+    ) -> None:
+        super().__init__(message)
+        self.errno = errno_
+        self.envelope = {
+            "ok": False,
+            "error": error,
+            "reason_hint": reason_hint,
+            "errno": errno.errorcode.get(errno_, str(errno_)),
+            "message": message,
+            **extra,
+        }
+
+
+def journal_unavailable(path: bytes, why: str) -> RwfsError:
+    return RwfsError(
+        errno.EIO,
+        "journal_unavailable",
+        "journal",
+        f"The journal could not record this write ({why}), so nothing was written and "
+        "the file is unchanged; free space in the workspace's filesystem and retry.",
+        path=fsdecode(path),
+        suggested_action="free disk space, then retry the write",
+    )
+
+
+@dataclass(eq=False)
+class Stage:
+    """The private copy of one inode's bytes that its writers share until a commit point."""
+
+    fd: int
+    name: bytes
+    expected: str
+    sealed: bool = False
+
+
+@dataclass(eq=False)
+class Commit:
+    """A sealed stage queued for the group committer."""
+
+    path: bytes
+    stage: Stage
+    intended: str
+    size: int
+    info: dict[str, Any]
+    owner: Any = None  # the caller's handle on the file (the FUSE layer's inode)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    done: trio.Event = field(default_factory=trio.Event)
+    outcome: str = ""  # committed | landed | conflict | error
+    error: RwfsError | None = None
+    new_ino: int = 0
+    lsn: int = 0
+
+
+@dataclass(eq=False)
+class Event:
+    """A namespace event queued for the journal."""
+
+    event: dict[str, Any]
+    incoming: bytes | None = None  # removed bytes adopted into the object store
+    hash_fd: int | None = None  # an open file whose digest becomes event["intended"]
+
+
+class Workspace:
+    def __init__(self, root_fd: int, state_fd: int, store: Store, policy: Policy) -> None:
+        self.root_fd = root_fd
+        self.state_fd = state_fd
+        self.store = store
+        self.policy = policy
+        self.objects = ObjectStore(state_fd)
+        try:
+            os.mkdir(b"staging", 0o700, dir_fd=state_fd)
+        except FileExistsError:
+            pass
+        self.staging_fd = os.open(b"staging", os.O_RDONLY | os.O_DIRECTORY, dir_fd=state_fd)
+        self.intents: IntentLog | None = None
+        self._digests: dict[tuple[int, int], tuple[int, int, int, str]] = {}
+        self._queue: list[Commit | Event] = []
+        self._has_work = trio.Event()
+        self._urgent = trio.Event()
+        self._flush_lock = trio.Lock()
+        self._closing = False
+        self.journal_ok = True
+        self.on_committed: Callable[[Commit], None] = lambda c: None
+        self.live = {"commits": 0, "noops": 0, "refusals": 0, "conflicts": 0, "groups": 0}
+
+    def is_queued(self, commit: Commit) -> bool:
+        return any(item is commit for item in self._queue)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def open_intents(self) -> None:
+        """Start a fresh intent-log generation (after recovery has read the old ones)."""
+        self.intents = IntentLog(self.state_fd)
+        self.intents.start()
+
+    # ---- digests (blocking: call in a thread) ----
+
+    def digest_of_fd(self, fd: int) -> str:
+        """The digest of an open file, from the cache when its stat says it is unchanged."""
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        sig = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        hit = self._digests.get(key)
+        if hit is not None and hit[:3] == sig:
+            return hit[3]
+        digest, _ = digest_fd(fd)
+        self._remember(fd, digest)
+        return digest
+
+    def _remember(self, fd: int, digest: str) -> None:
+        st = os.fstat(fd)
+        self._digests[(st.st_dev, st.st_ino)] = (
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+            digest,
+        )
+        if len(self._digests) > 200_000:
+            self._digests.clear()
+
+    def live_digest(self, path: bytes) -> tuple[str | None, os.stat_result | None]:
+        """(digest, stat) of the live file at ``path``; (None, None) when absent."""
+        try:
+            fd = os.open(
+                rel(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.root_fd
+            )
+        except FileNotFoundError:
+            return None, None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symlink now stands there
+                return None, os.stat(rel(path), dir_fd=self.root_fd, follow_symlinks=False)
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None, st
+            return self.digest_of_fd(fd), st
+        finally:
+            os.close(fd)
+
+    # ---- stages ----
+
+    async def new_stage(self, source_fd: int, truncate: bool) -> Stage:
+        """A stage for the file behind ``source_fd``: its bytes (or none, if truncating)."""
+        return await trio.to_thread.run_sync(self._new_stage, source_fd, truncate, limiter=_LIMIT)
+
+    def _new_stage(self, source_fd: int, truncate: bool) -> Stage:
+        name = uuid.uuid4().hex.encode()
+        fd = os.open(
+            name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.staging_fd
+        )
+        try:
+            st = os.fstat(source_fd)
+            copy_metadata(source_fd, fd, st)
+            if truncate:
+                expected = self.digest_of_fd(source_fd)
+            else:
+                expected, _ = copy_fd(source_fd, fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(name, dir_fd=self.staging_fd)
+            raise
+        return Stage(fd, name, expected)
+
+    def drop_stage(self, stage: Stage) -> None:
+        os.close(stage.fd)
+        try:
+            os.unlink(stage.name, dir_fd=self.staging_fd)
+        except FileNotFoundError:
+            pass
+
+    async def seal(self, stage: Stage) -> tuple[str, int]:
+        # atomic: the caller set stage.sealed before this await, so no write can slip in.
+        return await trio.to_thread.run_sync(digest_fd, stage.fd, limiter=_LIMIT)
+
+    async def submit(self, commit: Commit, wait: bool) -> Commit:
+        """Queue a sealed commit; in strict mode (or ``wait``) return once it is durable."""
+        if not self.journal_ok:
+            raise journal_unavailable(commit.path, "the last journal commit failed")
+        assert self.intents is not None
+        self.intents.append(
+            {
+                "kind": "commit",
+                "id": commit.id,
+                "path": fsdecode(commit.path),
+                "stage": commit.stage.name.decode(),
+                "expected": commit.stage.expected,
+                "intended": commit.intended,
+                "size": commit.size,
+                "info": commit.info,
+            }
+        )
+        faults.point("after_seal")
+        wait = wait or self.policy.durability == "strict"
+        commit.info["wait"] = wait
+        self._enqueue(commit)
+        if wait:
+            self._urgent.set()
+            await commit.done.wait()
+            if commit.error is not None:
+                raise commit.error
+            if commit.outcome == "conflict":
+                raise RwfsError(
+                    errno.ESTALE,
+                    "stale_precondition",
+                    "conflict",
+                    "The file changed outside rwfs while your write was being committed, so "
+                    "rwfs kept that version and did not write yours; read the file again and "
+                    "re-apply your edit.",
+                    path=fsdecode(commit.path),
+                )
+        return commit
+
+    def record(
+        self, event: dict[str, Any], incoming: bytes | None = None, hash_fd: int | None = None
+    ) -> None:
+        """Journal a namespace event; survives a crash of the daemon once this returns."""
+        event = {"ts": now_iso(), **event}
+        assert self.intents is not None
+        self.intents.append(
+            {"kind": "event", "event": event, "incoming": incoming and incoming.decode()}
+        )
+        self._enqueue(Event(event, incoming, hash_fd))
+
+    def _enqueue(self, item: Commit | Event) -> None:
+        self._queue.append(item)
+        self._has_work.set()
+
+    async def sync(self) -> None:
+        """Make everything queued so far durable."""
+        self._urgent.set()
+        await self.flush()
+
+    # ---- the group committer ----
+
+    async def run_committer(self) -> None:
+        while True:
+            await self._has_work.wait()
+            if not self._closing:
+                with trio.move_on_after(self.policy.commit_interval_ms / 1000):
+                    await self._urgent.wait()
+            await self.flush()
+            if self._closing and not self._queue:
+                return
+
+    async def close(self) -> None:
+        self._closing = True
+        self._has_work.set()
+        await self.flush()
+
+    async def flush(self) -> None:
+        async with self._flush_lock:
+            self._urgent = trio.Event()
+            if not self._queue:
+                self._has_work = trio.Event()
+                return
+            # atomic: take the queue and rotate the intent log together.
+            group, self._queue = self._queue, []
+            self._has_work = trio.Event()
+            assert self.intents is not None
+            gen = self.intents.rotate()
+            try:
+                await trio.to_thread.run_sync(self._apply_group, group, gen, limiter=_LIMIT)
+                self.journal_ok = True
+            except JournalUnavailable as exc:
+                self.journal_ok = False
+                self._fail_group(group, str(exc))
+                return
+            self.live["groups"] += 1
+            for item in group:
+                if isinstance(item, Commit):
+                    self.on_committed(item)
+                    item.done.set()
+
+    def _fail_group(self, group: list[Commit | Event], why: str) -> None:
+        # Nothing of the group reached the tree. Writers waiting (strict, fsync) are told;
+        # commits whose writers were already answered stay queued and are retried.
+        retry: list[Commit | Event] = []
+        for item in group:
+            if isinstance(item, Commit) and item.info.get("wait"):
+                item.outcome = "error"
+                item.error = journal_unavailable(item.path, why)
+                self.drop_stage(item.stage)
+                self.on_committed(item)
+                item.done.set()
+            else:
+                retry.append(item)
+        self._queue[:0] = retry
+        if retry:
+            self._has_work.set()
+
+    def _apply_group(self, group: list[Commit | Event], gen: int) -> None:
+        """Make a group durable: stages synced, receipts, renames, commit records (thread)."""
+        commits = [c for c in group if isinstance(c, Commit)]
+        if commits:
+            if len(commits) > 8:
+                syncfs(self.staging_fd)  # one round of syncs for the whole group
+            else:
+                for c in commits:
+                    os.fsync(c.stage.fd)
+            faults.point("after_stage_sync")
+
+        def prepare(txn: Any) -> None:
+            for c in commits:
+                rid = txn.new_receipt(
+                    {
+                        "batch": None,
+                        "path": fsdecode(c.path),
+                        "expected": c.stage.expected,
+                        "intended": c.intended,
+                        "stage": c.stage.name.decode(),
+                        "intent": c.id,
+                    }
+                )
+                c.info["receipt"] = rid
+            txn.set_meta_int(b"prepared_gen", gen)
+
+        if commits:
+            self.store.write(prepare)
+            faults.point("after_prepare")
+        for c in commits:
+            self._replace(c)
+        if commits:
+            syncfs(self.root_fd)  # the renames and pre-image links are durable
+            faults.point("before_commit_record")
+        for item in group:
+            if isinstance(item, Event):
+                self._settle_event_digests(item)
+
+        def record(txn: Any) -> None:
+            for item in group:
+                if isinstance(item, Commit):
+                    record_commit(txn, item)
+                else:
+                    lsn = txn.append_event(dict(item.event))
+                    self._record_event_state(txn, item.event, lsn)
+            txn.set_meta_int(b"applied_gen", gen)
+
+        self.store.write(record)
+        faults.point("after_commit_record")
+        assert self.intents is not None
+        self.intents.drop(gen)
+
+    def _settle_event_digests(self, item: Event) -> None:
+        if item.incoming is not None:
+            got = self.objects.settle_incoming(item.incoming)
+            if got is not None:
+                item.event["expected"], item.event["size"] = got
+        if item.hash_fd is not None:
+            try:
+                item.event["intended"] = self.digest_of_fd(item.hash_fd)
+            finally:
+                os.close(item.hash_fd)
+            item.hash_fd = None
+
+    @staticmethod
+    def _record_event_state(txn: Any, ev: dict[str, Any], lsn: int) -> None:
+        op = ev["op"]
+        path = os.fsencode(ev["path"])
+        if ev.get("expected"):
+            txn.add_object(ev["expected"], ev.get("size", 0), lsn)
+        if op == "unlink":
+            txn.set_path(path, None, lsn)
+        elif op == "rename":
+            txn.set_path(path, None, lsn)
+            if ev.get("intended"):
+                txn.set_path(os.fsencode(ev["dest"]), ev["intended"], lsn)
+        elif op == "create":
+            txn.set_path(path, ev.get("intended"), lsn)
+        counter = {"noop": "noops"}.get(op)
+        if counter:
+            txn.bump(counter)
+
+    def _replace(self, c: Commit) -> None:
+        """Step 7 of SPEC §3.2 for one commit: check the live file, keep it, rename the stage."""
+        try:
+            live, st = self.live_digest(c.path)
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                c.outcome, c.error = "error", _type_swap(c.path)
+                self._keep_intended(c)
+                return
+            if live == c.intended:
+                c.outcome = "landed"
+                self.drop_stage(c.stage)
+                return
+            if live != c.stage.expected:
+                c.outcome = "conflict"
+                c.info["actual"] = live
+                self._keep_intended(c)
+                return
+            if live is not None:
+                self.objects.keep_link(self.root_fd, rel(c.path), live)
+                c.info["kept"] = True
+            faults.point("after_preimage")
+            os.rename(
+                c.stage.name, rel(c.path), src_dir_fd=self.staging_fd, dst_dir_fd=self.root_fd
+            )
+            faults.point("after_rename")
+            got = os.stat(rel(c.path), dir_fd=self.root_fd, follow_symlinks=False)
+            mine = os.fstat(c.stage.fd)
+            if (got.st_dev, got.st_ino) != (mine.st_dev, mine.st_ino):
+                c.outcome = "error"
+                c.error = RwfsError(
+                    errno.EIO,
+                    "write_corruption",
+                    "verify",
+                    "The file did not hold the committed bytes after the rename; "
+                    "read it again before editing.",
+                    path=fsdecode(c.path),
+                )
+                return
+            self._remember(c.stage.fd, c.intended)
+            c.new_ino = mine.st_ino
+            c.outcome = "committed"
+        except OSError as exc:
+            c.outcome = "error"
+            c.error = RwfsError(
+                exc.errno or errno.EIO,
+                "journal_unavailable",
+                "io",
+                f"The commit could not replace the file ({exc.strerror}); the file is unchanged "
+                "and the receipt stays pending until the next mount retries it.",
+                path=fsdecode(c.path),
+            )
+
+    def _keep_intended(self, c: Commit) -> None:
+        self.objects.keep_fd_copy(c.stage.fd, c.intended)
+        self.drop_stage(c.stage)
+
+
+def _type_swap(path: bytes) -> RwfsError:
+    return RwfsError(
+        errno.EPERM,
+        "policy_violation",
+        "symlink",
+        "The path became a symlink or another kind of file before the commit, so rwfs did "
+        "not write through it; the path is unchanged and your bytes are kept as an object.",
+        path=fsdecode(path),
+    )
+
+
+def record_commit(txn: Any, c: Commit) -> None:
+    """The commit record: receipt settled, event appended and path index updated, at once."""
+    receipt = txn.receipt(c.info["receipt"])
+    ev: dict[str, Any] = {
+        "op": "write" if c.outcome in ("committed", "landed") else "conflict",
+        "path": fsdecode(c.path),
+        "batch": f"auto-{receipt['id']}",
+        "expected": c.stage.expected,
+        "intended": c.intended,
+        "size": c.size,
+        **{k: c.info[k] for k in ("pid", "comm", "uid") if k in c.info},
+    }
+    if c.outcome == "conflict":
+        ev["actual"] = c.info.get("actual")
+    if c.info.get("recovered"):
+        ev["recovered"] = True
+    if c.outcome == "error":
+        receipt["state"] = "pending"
+        receipt["error"] = c.error.envelope["message"] if c.error else "error"
+        txn.put_receipt(receipt)
+        return
+    lsn = txn.append_event(ev)
+    c.lsn = lsn
+    receipt["lsn"] = lsn
+    receipt["batch"] = ev["batch"]
+    if c.outcome == "conflict":
+        receipt["state"] = "conflict"
+        txn.bump("conflicts")
+    else:
+        receipt["state"] = "committed"
+        txn.set_path(c.path, c.intended, lsn)
+        if c.info.pop("kept", False):
+            txn.add_object(c.stage.expected, 0, lsn)
+        txn.bump("commits")
+    txn.put_receipt(receipt)
+
+
+def copy_metadata(src_fd: int, dst_fd: int, st: os.stat_result) -> None:
+    """Give a stage the target's mode, owner and xattrs, so the rename keeps them."""
+    if os.geteuid() == 0 or st.st_uid != os.geteuid():
+        try:
+            os.fchown(dst_fd, st.st_uid, st.st_gid)
+        except PermissionError:
+            pass
+    os.fchmod(dst_fd, stat.S_IMODE(st.st_mode))  # after chown, which clears set-id bits
+    try:
+        names = os.listxattr(src_fd)
+    except OSError:
+        return
+    for name in names:
+        try:
+            os.setxattr(dst_fd, name, os.getxattr(src_fd, name))
+        except OSError:
+            pass
