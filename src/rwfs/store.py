@@ -204,7 +204,8 @@ class Store:
     def unsettled(self) -> list[dict[str, Any]]:
         with self.env.begin() as txn:
             ids = [k for k, _ in txn.cursor(db=self.db[b"unsettled"])]
-            return [json.loads(bytes(txn.get(k, db=self.db[b"receipts"]))) for k in ids]
+            rows = [txn.get(k, db=self.db[b"receipts"]) for k in ids]
+            return [json.loads(bytes(r)) for r in rows if r is not None]
 
     def receipts(self) -> Iterator[dict[str, Any]]:
         with self.env.begin() as txn:

@@ -1,0 +1,168 @@
+"""Shared fixtures: real rwfs mounts in temporary directories, always unmounted.
+
+A mount test starts the real console entry point (``rwfs mount --foreground``) in a
+subprocess, waits for the mount while checking that the daemon is alive, and in teardown
+unmounts (``fusermount3 -u``, then ``-u -z``, then SIGKILL of the daemon it started), checks
+that the daemon logged no traceback and that ``rwfs fsck`` agrees with the tree.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+RWFS = [sys.executable, "-m", "rwfs.cli"]
+
+
+def _require_fuse() -> None:
+    # Never skip: on a machine without FUSE the mount tests must fail loudly.
+    if not os.path.exists("/dev/fuse"):
+        pytest.fail("/dev/fuse is missing: the mount tests need FUSE")
+
+
+def rwfs_mounted(point: str) -> bool:
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == point and line.split()[2] == "fuse.rwfs" for line in f)
+
+
+def prepare_state(workspace: Path, policy: str) -> None:
+    """Give a workspace rwfs state with this policy before its first mount."""
+    rw = workspace / ".rw"
+    rw.mkdir(mode=0o700, exist_ok=True)
+    (rw / "rwfs-state").write_text("rwfs state\n")
+    (rw / "policy.toml").write_text(policy)
+
+
+class Mount:
+    """One rwfs daemon serving ``workspace`` at ``mountpoint``."""
+
+    def __init__(
+        self,
+        workspace: Path,
+        mountpoint: Path | None = None,
+        options: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+    ) -> None:
+        self.workspace = workspace
+        self.mountpoint = mountpoint or workspace
+        self.options = options
+        self.env = env or {}
+        self.log = log or workspace.parent / f"daemon-{workspace.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.mountpoint
+
+    def start(self, timeout: float = 30.0) -> Mount:
+        _require_fuse()
+        cmd = [*RWFS, "mount", "--foreground"]
+        for o in self.options:
+            cmd += ["-o", o]
+        cmd += [str(self.workspace), str(self.mountpoint)]
+        logf = open(self.log, "ab")
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=logf,
+            stderr=logf,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env},
+        )
+        logf.close()
+        deadline = time.monotonic() + timeout
+        while not rwfs_mounted(str(self.mountpoint)):
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"rwfs daemon exited {self.proc.returncode}: {self.log.read_text()}"
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(
+                    f"rwfs did not mount within {timeout}s: {self.log.read_text()}"
+                )
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Unmount cleanly and wait for the daemon to finish its commits."""
+        if self.proc is None:
+            return
+        if rwfs_mounted(str(self.mountpoint)):
+            res = subprocess.run(["fusermount3", "-u", str(self.mountpoint)], capture_output=True)
+            if res.returncode != 0:
+                time.sleep(0.5)
+                subprocess.run(
+                    ["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True
+                )
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise AssertionError(
+                f"the daemon did not exit after unmount: {self.log.read_text()}"
+            ) from None
+        finally:
+            self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (a crash), then clear the dead mount."""
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc = None
+        self.reap()
+
+    def reap(self) -> None:
+        if rwfs_mounted(str(self.mountpoint)):
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True)
+
+    def wait_dead(self, timeout: float = 30.0) -> int:
+        """Wait for a daemon that kills itself (a fault point); returns its exit status."""
+        assert self.proc is not None
+        code = self.proc.wait(timeout)
+        self.proc = None
+        self.reap()
+        return code
+
+    def fsck(self) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*RWFS, "fsck", str(self.workspace)], capture_output=True, text=True, timeout=120
+        )
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ws
+
+
+@pytest.fixture
+def mount(workspace: Path) -> Iterator[Mount]:
+    """A workspace mounted over itself; checked clean (no traceback, fsck 0) afterwards."""
+    m = Mount(workspace).start()
+    try:
+        yield m
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def check_clean(m: Mount) -> None:
+    log = m.log_text()
+    assert "Traceback" not in log, f"the daemon logged an exception:\n{log}"
+    res = m.fsck()
+    assert res.returncode == 0, f"fsck found drift:\n{res.stdout}{res.stderr}"

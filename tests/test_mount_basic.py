@@ -1,0 +1,106 @@
+"""The mount's basic contract: reads and writes, the journal, the control directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import Mount, check_clean
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def journal(m: Mount) -> list[dict]:
+    (m.path / ".rw" / "ctl").write_text("sync\n")
+    return [json.loads(line) for line in (m.path / ".rw" / "journal").read_text().splitlines()]
+
+
+def test_write_is_journaled_with_expected_and_intended_digests(workspace: Path) -> None:
+    (workspace / "a.txt").write_bytes(b"old\n")
+    m = Mount(workspace).start()
+    try:
+        (m.path / "a.txt").write_bytes(b"new bytes\n")
+        assert (m.path / "a.txt").read_bytes() == b"new bytes\n"
+        writes = [e for e in journal(m) if e["op"] == "write" and e["path"] == "a.txt"]
+        assert len(writes) == 1
+        assert writes[0]["expected"] == sha(b"old\n")
+        assert writes[0]["intended"] == sha(b"new bytes\n")
+        assert writes[0]["comm"] and writes[0]["pid"] == os.getpid()
+    finally:
+        m.stop()
+    check_clean(m)
+    # Unmounted: the raw tree holds the committed bytes and the old ones are an object.
+    assert (workspace / "a.txt").read_bytes() == b"new bytes\n"
+    old = sha(b"old\n").split(":")[1]
+    assert (workspace / ".rw" / "objects" / old[:2] / old[2:]).read_bytes() == b"old\n"
+
+
+def test_rewriting_the_same_bytes_is_a_noop(mount: Mount) -> None:
+    f = mount.path / "same.txt"
+    f.write_bytes(b"x\n")
+    f.write_bytes(b"x\n")
+    ops = [e["op"] for e in journal(mount) if e["path"] == "same.txt"]
+    assert ops == ["create", "write", "noop"]
+    status = json.loads((mount.path / ".rw" / "status").read_text())
+    assert status["counts"]["noops"] == 1
+    assert status["counts"]["commits"] == 1
+
+
+def test_control_directory_is_hidden_but_reachable(mount: Mount) -> None:
+    assert ".rw" not in os.listdir(mount.path)
+    names = set(os.listdir(mount.path / ".rw"))
+    assert {"README", "status", "journal", "policy.toml", "ctl", "last-error"} <= names
+    status = json.loads((mount.path / ".rw" / "status").read_text())
+    assert status["pid"] == mount.proc.pid
+    assert "journal" in (mount.path / ".rw" / "README").read_text()
+
+
+def test_show_control_lists_it(workspace: Path) -> None:
+    m = Mount(workspace, options=("show_control",)).start()
+    try:
+        assert ".rw" in os.listdir(m.path)
+    finally:
+        m.stop()
+
+
+def test_invalid_policy_is_refused_and_old_one_kept(mount: Mount) -> None:
+    pol = mount.path / ".rw" / "policy.toml"
+    before = pol.read_text()
+    with pytest.raises(OSError) as err:
+        with open(pol, "w") as f:
+            f.write('durability = "sometimes"\n')
+    assert err.value.errno == 22  # EINVAL
+    assert pol.read_text() == before
+    env = json.loads((mount.path / ".rw" / "last-error").read_text())
+    assert env["ok"] is False and env["errno"] == "EINVAL" and "durability" in env["message"]
+    with open(pol, "w") as f:
+        f.write(before.replace('durability = "group"', 'durability = "strict"'))
+    assert json.loads((mount.path / ".rw" / "status").read_text())["durability"] == "strict"
+
+
+def test_passthrough_paths_are_not_journaled(mount: Mount) -> None:
+    (mount.path / "build").mkdir()
+    (mount.path / "build" / "out.o").write_bytes(b"obj")
+    (mount.path / "app.log").write_bytes(b"log line\n")
+    paths = {e["path"] for e in journal(mount)}
+    assert "build/out.o" not in paths and "app.log" not in paths
+    assert (mount.path / "build" / "out.o").read_bytes() == b"obj"
+
+
+def test_second_mount_is_refused(mount: Mount) -> None:
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "rwfs.cli", "mount", "--foreground", str(mount.workspace)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode == 1
+    assert "already" in res.stderr
