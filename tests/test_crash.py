@@ -138,6 +138,24 @@ def test_unlink_keeps_the_removed_bytes_across_a_crash(workspace: Path) -> None:
     assert (workspace / ".rw" / "objects" / h[:2] / h[2:]).read_bytes() == b"precious\n"
 
 
+def test_unlink_in_flight_at_the_crash_is_journaled(workspace: Path) -> None:
+    (workspace / "doomed.txt").write_bytes(b"last words\n")
+    m = Mount(workspace, env={"RWFS_FAULT": "after_unlink"}).start()
+    with pytest.raises(OSError):
+        os.unlink(m.path / "doomed.txt")  # the daemon dies inside this call
+    assert m.wait_dead() == -9
+    m = Mount(workspace).start()
+    try:
+        assert not (m.path / "doomed.txt").exists()
+        unlinks = [e for e in events(m) if e["op"] == "unlink"]
+        assert [(e["path"], e["expected"]) for e in unlinks] == [
+            ("doomed.txt", sha(b"last words\n"))
+        ]
+    finally:
+        m.stop()
+    check_clean(m)
+
+
 def test_sigkill_at_random_instants_under_several_writers(workspace: Path) -> None:
     rng = random.Random(1234)
     names = [f"w{i}.txt" for i in range(6)]

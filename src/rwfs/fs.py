@@ -7,18 +7,20 @@ and becomes EIO. ``forget`` and ``release`` never raise.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
 import os
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pyfuse3
 import trio
 
+from . import faults
 from .control import CDir, CFile, Control
 from .inodes import ROOT, Inode, InodeTable
 from .objects import EMPTY_DIGEST
@@ -199,8 +201,30 @@ class Operations(pyfuse3.Operations):
             hit = self._procs[pid] = (tgid, comm)
         return {"pid": hit[0], "comm": hit[1], "uid": ctx.uid}
 
-    def _record(self, ctx: Any, op: str, path: bytes, **extra: Any) -> None:
-        self.ws.record({"op": op, "path": fsdecode(path), "batch": None, **extra, **self._who(ctx)})
+    @contextlib.contextmanager
+    def _journal(
+        self,
+        journaled: bool,
+        ctx: Any,
+        op: str,
+        path: bytes,
+        incoming: bytes | None = None,
+        **extra: Any,
+    ) -> Iterator[dict[str, Any]]:
+        """Journal a namespace operation around its syscall: announced before, confirmed
+        after, cancelled if it raised. The caller may set ``hash_fd`` in the yielded dict."""
+        if not journaled:
+            yield {}
+            return
+        ev = {"op": op, "path": fsdecode(path), "batch": None, **extra, **self._who(ctx)}
+        item = self.ws.announce({k: v for k, v in ev.items() if v is not None}, incoming)
+        late: dict[str, Any] = {}
+        try:
+            yield late
+        except BaseException:
+            self.ws.cancel(item)
+            raise
+        self.ws.confirm(item, late.get("hash_fd"))
 
     def _invalidate(self, inode: Inode) -> None:
         # From a worker thread: the kernel may wait on a request of ours while it drops
@@ -404,13 +428,9 @@ class Operations(pyfuse3.Operations):
                 os.utime(t, ns=(atime, mtime), **kw)
                 changed.append("times")
         if changed and journaled:
-            self._record(
-                ctx,
-                "setattr",
-                path,
-                changed=sorted(set(changed)),
-                mode=stat.S_IMODE(attr.st_mode) if fields.update_mode else None,
-            )
+            mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else None
+            with self._journal(True, ctx, "setattr", path, changed=sorted(set(changed)), mode=mode):
+                pass  # already applied: metadata changes are recorded, not staged
         return self._attr(inode, self._stat(i))
 
     @_guard()
@@ -419,17 +439,13 @@ class Operations(pyfuse3.Operations):
 
     # ---- namespace ----
 
-    async def _new_entry(
-        self, path: bytes, ctx: Any, op: str, **extra: Any
-    ) -> pyfuse3.EntryAttributes:
+    def _new_entry(self, path: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
         if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (ctx.uid, ctx.gid):
             os.chown(path, ctx.uid, ctx.gid, dir_fd=self.ws.root_fd, follow_symlinks=False)
             st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
         inode = self.inodes.resolve(path, st)
         inode.lookups += 1
-        if self._journaled(path, None, stat.S_ISDIR(st.st_mode)):
-            self._record(ctx, op, path, **extra)
         return self._attr(inode.ino, st)
 
     def _parent_path(self, parent_inode: int, name: bytes) -> bytes:
@@ -445,24 +461,27 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
-        os.mknod(path, mode & ~ctx.umask, rdev, dir_fd=self.ws.root_fd)
-        return await self._new_entry(path, ctx, "create", type=stat.filemode(mode)[0])
+        with self._journal(self._journaled(path), ctx, "create", path, type=stat.filemode(mode)[0]):
+            os.mknod(path, mode & ~ctx.umask, rdev, dir_fd=self.ws.root_fd)
+        return self._new_entry(path, ctx)
 
     @_guard()
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
-        os.mkdir(path, mode & ~ctx.umask, dir_fd=self.ws.root_fd)
-        return await self._new_entry(path, ctx, "mkdir")
+        with self._journal(self._journaled(path, None, True), ctx, "mkdir", path):
+            os.mkdir(path, mode & ~ctx.umask, dir_fd=self.ws.root_fd)
+        return self._new_entry(path, ctx)
 
     @_guard()
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
-        os.symlink(target, path, dir_fd=self.ws.root_fd)
-        return await self._new_entry(path, ctx, "symlink", target=fsdecode(target))
+        with self._journal(self._journaled(path), ctx, "symlink", path, target=fsdecode(target)):
+            os.symlink(target, path, dir_fd=self.ws.root_fd)
+        return self._new_entry(path, ctx)
 
     @_guard()
     async def link(
@@ -471,14 +490,15 @@ class Operations(pyfuse3.Operations):
         src = self._inode(inode)
         path = self._parent_path(new_parent_inode, new_name)
         await self._settle(src)
-        os.link(
-            rel(src.path),
-            path,
-            src_dir_fd=self.ws.root_fd,
-            dst_dir_fd=self.ws.root_fd,
-            follow_symlinks=False,
-        )
-        return await self._new_entry(path, ctx, "link", source=fsdecode(src.path))
+        with self._journal(self._journaled(path), ctx, "link", path, source=fsdecode(src.path)):
+            os.link(
+                rel(src.path),
+                path,
+                src_dir_fd=self.ws.root_fd,
+                dst_dir_fd=self.ws.root_fd,
+                follow_symlinks=False,
+            )
+        return self._new_entry(path, ctx)
 
     async def _remove(self, parent_inode: int, name: bytes, ctx: Any, is_dir: bool) -> None:
         path = self._parent_path(parent_inode, name)
@@ -486,9 +506,8 @@ class Operations(pyfuse3.Operations):
         if inode is not None:
             await self._settle(inode)
         if is_dir:
-            os.rmdir(path, dir_fd=self.ws.root_fd)
-            if self._journaled(path, None, True):
-                self._record(ctx, "rmdir", path)
+            with self._journal(self._journaled(path, None, True), ctx, "rmdir", path):
+                os.rmdir(path, dir_fd=self.ws.root_fd)
         else:
             st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
             incoming = None
@@ -496,16 +515,13 @@ class Operations(pyfuse3.Operations):
             if journaled and stat.S_ISREG(st.st_mode):
                 incoming = self.ws.objects.adopt(self.ws.root_fd, path)  # keep the bytes
             try:
-                os.unlink(path, dir_fd=self.ws.root_fd)
+                with self._journal(journaled, ctx, "unlink", path, incoming):
+                    os.unlink(path, dir_fd=self.ws.root_fd)
+                    faults.point("after_unlink")
             except OSError:
                 if incoming is not None:
                     os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
                 raise
-            if journaled:
-                self.ws.record(
-                    {"op": "unlink", "path": fsdecode(path), "batch": None, **self._who(ctx)},
-                    incoming=incoming,
-                )
         self.inodes.detach(path)
 
     @_guard()
@@ -554,7 +570,11 @@ class Operations(pyfuse3.Operations):
                 dir_fd=self.ws.root_fd,
             )
         try:
-            renameat2(self.ws.root_fd, src, self.ws.root_fd, dst, flags)
+            with self._journal(
+                journaled, ctx, "rename", src, incoming, dest=fsdecode(dst), exchange=exchange or None
+            ) as late:
+                renameat2(self.ws.root_fd, src, self.ws.root_fd, dst, flags)
+                late["hash_fd"] = moved_fd
         except OSError:
             if incoming is not None:
                 os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
@@ -573,19 +593,6 @@ class Operations(pyfuse3.Operations):
             if dst_st is not None:
                 self.inodes.detach(dst)
             self.inodes.move(src, dst)
-        if journaled:
-            self.ws.record(
-                {
-                    "op": "rename",
-                    "path": fsdecode(src),
-                    "dest": fsdecode(dst),
-                    "batch": None,
-                    "exchange": exchange or None,
-                    **self._who(ctx),
-                },
-                incoming=incoming,
-                hash_fd=moved_fd,
-            )
 
     # ---- files ----
 
@@ -630,14 +637,15 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         path = self._parent_path(parent_inode, name)
-        fd = os.open(
-            path,
-            os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (flags & os.O_EXCL),
-            mode & ~ctx.umask,
-            dir_fd=self.ws.root_fd,
-        )
-        os.close(fd)
-        attr = await self._new_entry(path, ctx, "create", intended=EMPTY_DIGEST)
+        how = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            with self._journal(self._journaled(path), ctx, "create", path, intended=EMPTY_DIGEST):
+                os.close(os.open(path, how, mode & ~ctx.umask, dir_fd=self.ws.root_fd))
+        except FileExistsError:
+            if flags & os.O_EXCL:
+                raise
+            # Created by someone else since the kernel's lookup: open it, as open(2) would.
+        attr = self._new_entry(path, ctx)
         fi = await self.open(attr.st_ino, flags & ~os.O_EXCL, ctx)
         return fi, attr
 

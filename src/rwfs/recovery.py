@@ -57,10 +57,24 @@ def _replay_intents(
             continue
         records = log.records(gen)
         say(f"recovery: intent log generation {gen}: {len(records)} records")
+        done = {r["id"] for r in records if r["kind"] == "done"}
+        cancelled = {r["id"] for r in records if r["kind"] == "cancel"}
+        # Commits: owed unless LMDB prepared their receipts. Namespace events: applied if
+        # confirmed; one in flight at the crash only if the tree shows it happened.
+        owed = [
+            r
+            for r in records
+            if (r["kind"] == "commit" and gen > prepared)
+            or (
+                r["kind"] == "event"
+                and r["id"] not in cancelled
+                and (r["id"] in done or _landed(ws, r["event"]))
+            )
+        ]
 
-        def replay(txn: Any, records: list[dict[str, Any]] = records, gen: int = gen) -> None:
-            for rec in records:
-                if rec["kind"] == "commit" and gen > prepared:
+        def replay(txn: Any, owed: list[dict[str, Any]] = owed, gen: int = gen) -> None:
+            for rec in owed:
+                if rec["kind"] == "commit":
                     # The writer was told it succeeded; the receipt is owed.
                     txn.new_receipt(
                         {
@@ -74,8 +88,10 @@ def _replay_intents(
                             "size": rec["size"],
                         }
                     )
-                elif rec["kind"] == "event":
+                else:
                     ev = dict(rec["event"], recovered=True)
+                    if ev["op"] == "rename" and not ev.get("exchange") and "intended" not in ev:
+                        ev["intended"] = ws.live_digest(os.fsencode(ev["dest"]))[0]
                     if rec.get("incoming"):
                         got = ws.objects.settle_incoming(rec["incoming"].encode())
                         if got is not None:
@@ -88,6 +104,26 @@ def _replay_intents(
 
         ws.store.write(replay)
         log.drop(gen)
+
+
+def _exists(ws: Workspace, path: str) -> bool:
+    try:
+        os.stat(os.fsencode(path) or b".", dir_fd=ws.root_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _landed(ws: Workspace, ev: dict[str, Any]) -> bool:
+    """Did a namespace operation that was in flight at the crash reach the tree?"""
+    op = ev["op"]
+    if op in ("unlink", "rmdir"):
+        return not _exists(ws, ev["path"])
+    if op in ("create", "mkdir", "symlink", "link"):
+        return _exists(ws, ev["path"])
+    if op == "rename":
+        return _exists(ws, ev["dest"]) and (bool(ev.get("exchange")) or not _exists(ws, ev["path"]))
+    return True
 
 
 def _settle(ws: Workspace, receipt: dict[str, Any]) -> str:

@@ -122,6 +122,7 @@ class Event:
     event: dict[str, Any]
     incoming: bytes | None = None  # removed bytes adopted into the object store
     hash_fd: int | None = None  # an open file whose digest becomes event["intended"]
+    id: str = ""
 
 
 class Workspace:
@@ -277,16 +278,40 @@ class Workspace:
                 )
         return commit
 
-    def record(
-        self, event: dict[str, Any], incoming: bytes | None = None, hash_fd: int | None = None
-    ) -> None:
-        """Journal a namespace event; survives a crash of the daemon once this returns."""
-        event = {"ts": now_iso(), **event}
+    def announce(self, event: dict[str, Any], incoming: bytes | None = None) -> Event:
+        """Log a namespace operation before it touches the tree (see ``confirm``/``cancel``).
+
+        Recovery applies a logged operation that was confirmed, skips one that was
+        cancelled, and for one in flight at the crash checks the tree (recovery.py).
+        """
         assert self.intents is not None
+        item = Event({"ts": now_iso(), **event}, incoming)
+        item.id = uuid.uuid4().hex
         self.intents.append(
-            {"kind": "event", "event": event, "incoming": incoming and incoming.decode()}
+            {
+                "kind": "event",
+                "id": item.id,
+                "event": item.event,
+                "incoming": incoming and incoming.decode(),
+            }
         )
-        self._enqueue(Event(event, incoming, hash_fd))
+        return item
+
+    def confirm(self, item: Event, hash_fd: int | None = None) -> None:
+        """The announced operation succeeded: journal it."""
+        assert self.intents is not None
+        self.intents.append({"kind": "done", "id": item.id})
+        item.hash_fd = hash_fd
+        self._enqueue(item)
+
+    def cancel(self, item: Event) -> None:
+        """The announced operation failed and changed nothing."""
+        assert self.intents is not None
+        self.intents.append({"kind": "cancel", "id": item.id})
+
+    def record(self, event: dict[str, Any]) -> None:
+        """Journal an event that changes nothing in the tree (e.g. a noop)."""
+        self.confirm(self.announce(event))
 
     def _enqueue(self, item: Commit | Event) -> None:
         self._queue.append(item)
