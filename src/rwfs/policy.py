@@ -58,6 +58,12 @@ passthrough = [
     + "]\n"
 )
 
+try:  # pathspec ≥ 1.0 names the .gitignore dialect "gitignore"; older releases "gitwildmatch"
+    pathspec.PathSpec.from_lines("gitignore", [])
+    _DIALECT = "gitignore"
+except (KeyError, LookupError):
+    _DIALECT = "gitwildmatch"
+
 _KEYS: dict[str, type | tuple[type, ...]] = {
     "durability": str,
     "commit_interval_ms": int,
@@ -80,7 +86,7 @@ class Policy:
 
     def __post_init__(self) -> None:
         anchored = [g if g.startswith(("/", "**/", "!")) else "**/" + g for g in self.passthrough]
-        self._spec = pathspec.PathSpec.from_lines("gitwildmatch", anchored)
+        self._spec = pathspec.PathSpec.from_lines(_DIALECT, anchored)
 
     def is_passthrough(self, path: bytes, is_dir: bool = False) -> bool:
         """True if ``path`` (relative, bytes) is written in place without journaling."""
