@@ -17,6 +17,9 @@ def _locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
     """(raw tree, state dir, status-if-mounted) for a workspace or mount path."""
     path = os.path.realpath(path)
     if path in rwfs_mounts():
+        # Make every queued commit durable first, so the journal read below is current.
+        with open(os.path.join(path, ".rw", "ctl"), "w") as f:
+            f.write("sync\n")
         with open(os.path.join(path, ".rw", "status"), "rb") as f:
             status = json.load(f)
         pid = status["pid"]
@@ -113,11 +116,7 @@ def _short(d: str | None) -> str:
 def cmd_fsck(a: argparse.Namespace) -> int:
     from .fsck import main_fsck
 
-    root, state, status = _locate(a.path)
-    if status is not None:
-        # Mounted: make everything queued durable first, so the journal is current.
-        with open(os.path.join(os.path.realpath(a.path), ".rw", "ctl"), "w") as f:
-            f.write("sync\n")
+    root, state, _ = _locate(a.path)
     return main_fsck(root, state)
 
 

@@ -1,0 +1,77 @@
+"""The CLI as a user runs it: background mount, status, log, fsck, umount, doctor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import RWFS, rwfs_mounted
+
+
+def rwfs(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*RWFS, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_mount_status_log_umount_fsck(workspace: Path) -> None:
+    (workspace / "a.py").write_text("x = 1\n")
+    res = rwfs("mount", str(workspace))
+    assert res.returncode == 0, res.stderr
+    try:
+        assert rwfs_mounted(str(workspace))  # mount returns only once the mount is ready
+        (workspace / "a.py").write_text("x = 2\n")
+        st = rwfs("status", "--json", str(workspace))
+        assert st.returncode == 0 and json.loads(st.stdout)["mounted"] is True
+        log = rwfs("log", "--json", "-C", str(workspace), str(workspace / "a.py"))
+        assert log.returncode == 0
+        ops = [json.loads(line)["op"] for line in log.stdout.splitlines()]
+        assert ops == ["write"]
+        assert rwfs("fsck", str(workspace)).returncode == 0
+    finally:
+        res = rwfs("umount", str(workspace))
+        if rwfs_mounted(str(workspace)):
+            subprocess.run(["fusermount3", "-u", "-z", str(workspace)])
+    assert res.returncode == 0, res.stderr
+    assert not rwfs_mounted(str(workspace))
+    # Offline: the raw tree holds the commit and every verb still reads the journal.
+    assert (workspace / "a.py").read_text() == "x = 2\n"
+    st = json.loads(rwfs("status", "--json", str(workspace)).stdout)
+    assert st["mounted"] is False and st["counts"]["commits"] == 1
+    human = rwfs("log", "-C", str(workspace)).stdout
+    assert "write" in human and "a.py" in human
+    assert rwfs("fsck", str(workspace)).returncode == 0
+
+
+def test_fsck_reports_drift_and_exits_nonzero(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("one\n")
+    assert rwfs("mount", str(workspace)).returncode == 0
+    try:
+        (workspace / "a.txt").write_text("two\n")
+    finally:
+        assert rwfs("umount", str(workspace)).returncode == 0
+    (workspace / "a.txt").write_text("changed behind rwfs's back\n")
+    res = rwfs("fsck", str(workspace))
+    assert res.returncode == 1
+    assert "a.txt" in res.stdout and "journaled as" in res.stdout
+
+
+def test_mount_refuses_a_foreign_dot_rw(workspace: Path) -> None:
+    (workspace / ".rw").mkdir()
+    (workspace / ".rw" / "mine.txt").write_text("not rwfs state\n")
+    res = rwfs("mount", str(workspace))
+    assert res.returncode != 0
+    assert "not rwfs state" in res.stderr
+    assert not rwfs_mounted(str(workspace))
+    assert sorted(p.name for p in (workspace / ".rw").iterdir()) == ["mine.txt"]
+
+
+def test_status_of_a_plain_directory_is_a_clear_error(tmp_path: Path) -> None:
+    res = rwfs("status", str(tmp_path))
+    assert res.returncode == 1
+    assert "never mounted" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_doctor_finds_everything_here() -> None:
+    res = rwfs("doctor")
+    assert res.returncode == 0, res.stdout
+    assert "everything rwfs needs" in res.stdout
