@@ -121,6 +121,27 @@ def test_a_second_remount_changes_nothing(workspace: Path) -> None:
     check_clean(m)
 
 
+def test_acknowledged_write_survives_a_crash_in_a_later_session(workspace: Path) -> None:
+    # Regression: each mount must number its intent log after the journal's applied
+    # generation, or recovery drops the new log unread.
+    (workspace / "f.txt").write_bytes(b"0\n")
+    for n in range(1, 4):
+        m = Mount(workspace).start()
+        assert (m.path / "f.txt").read_bytes() == f"{n - 1}\n".encode()
+        assert _write(m.path / "f.txt", f"{n}\n".encode())
+        (m.path / ".rw" / "ctl").write_text("sync\n")
+        m.stop()
+    m = Mount(workspace).start()
+    assert _write(m.path / "f.txt", b"acked then crashed\n")
+    m.kill()
+    m = Mount(workspace).start()
+    try:
+        assert (m.path / "f.txt").read_bytes() == b"acked then crashed\n"
+    finally:
+        m.stop()
+    check_clean(m)
+
+
 def test_unlink_keeps_the_removed_bytes_across_a_crash(workspace: Path) -> None:
     (workspace / "gone.txt").write_bytes(b"precious\n")
     m = Mount(workspace).start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,20 @@ def test_invalid_policy_is_refused_and_old_one_kept(mount: Mount) -> None:
     assert json.loads((mount.path / ".rw" / "status").read_text())["durability"] == "strict"
 
 
+def test_policy_written_by_a_shell_redirect(mount: Mount) -> None:
+    # Regression: bash closes a duplicate descriptor before writing; that empty flush must
+    # not apply an empty policy.
+    pol = mount.path / ".rw" / "policy.toml"
+    text = pol.read_text().replace("commit_interval_ms = 500", "commit_interval_ms = 250")
+    res = subprocess.run(["bash", "-c", f"cat > '{pol}'"], input=text, text=True)
+    assert res.returncode == 0
+    assert "commit_interval_ms = 250" in pol.read_text()
+    res = subprocess.run(["bash", "-c", f"printf 'durability = \"strict\"\\n' > '{pol}'"])
+    assert res.returncode == 0
+    assert json.loads((mount.path / ".rw" / "status").read_text())["durability"] == "strict"
+    assert pol.read_text() == 'durability = "strict"\n'
+
+
 def test_passthrough_paths_are_not_journaled(mount: Mount) -> None:
     (mount.path / "build").mkdir()
     (mount.path / "build" / "out.o").write_bytes(b"obj")
@@ -93,7 +108,6 @@ def test_passthrough_paths_are_not_journaled(mount: Mount) -> None:
 
 
 def test_second_mount_is_refused(mount: Mount) -> None:
-    import subprocess
     import sys
 
     res = subprocess.run(

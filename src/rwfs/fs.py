@@ -29,9 +29,6 @@ from .workspace import Commit, RwfsError, Workspace, fsdecode, rel, renameat2
 log = logging.getLogger("rwfs.fs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
-# Flags the backing open never gets: creation is done by create(), truncation by the stage,
-# and O_APPEND because the kernel already passes the append offset to write().
-_STRIP = os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_APPEND | os.O_NOCTTY
 
 
 def _guard(quiet: bool = False) -> Callable[[F], F]:
@@ -77,6 +74,7 @@ class ControlHandle:
     node: CFile
     data: bytes
     written: bytearray | None = None
+    dirty: bool = False  # written since the last flush applied the text
 
 
 @dataclass(eq=False)
@@ -246,6 +244,21 @@ class Operations(pyfuse3.Operations):
             await self.ws.sync()
             await commit.done.wait()
 
+    async def _settle_below(self, path: bytes) -> None:
+        """Settle the queued commits at ``path`` and, for a directory, below it: a queued
+        commit names its path, which a rename of a directory above it would make stale."""
+        inode = self.inodes.by_path.get(path)
+        if inode is not None:
+            await self._settle(inode)
+        if inode is not None and not inode.is_dir:
+            return
+        prefix = path + b"/"
+        while busy := [
+            i for p, i in self.inodes.by_path.items() if p.startswith(prefix) and i.pending
+        ]:
+            for i in busy:
+                await self._settle(i)
+
     def _committed(self, c: Commit) -> None:
         """Called by the committer (on the loop) once a queued commit is settled."""
         inode: Inode | None = c.owner
@@ -304,6 +317,14 @@ class Operations(pyfuse3.Operations):
                 self._open_backing(inode, writable=False)
                 inode.stage = await self.ws.new_stage(inode.fd, truncate)
 
+    def _orphan_stage(self, inode: Inode) -> None:
+        """Unlinked while open: nothing to commit. The stage holds the file's bytes for the
+        descriptors still open (POSIX keeps an unlinked file readable and writable until
+        its last close), so only the last release drops it."""
+        if inode.handles == 0 and inode.stage is not None:
+            self.ws.drop_stage(inode.stage)
+            inode.stage = None
+
     async def _commit(self, inode: Inode, ctx_info: dict[str, Any], wait: bool = False) -> None:
         """A commit point (SPEC §3.2 step 2): seal the stage and hand it to the committer."""
         async with inode.lock:
@@ -312,11 +333,14 @@ class Operations(pyfuse3.Operations):
                 if wait:
                     await self._settle(inode)
                 return
+            if not inode.paths:
+                self._orphan_stage(inode)
+                return
             stage.sealed = True  # atomic: set before the first await, so writers wait
             intended, size = await self.ws.seal(stage)
-            if not inode.paths:  # unlinked while open: nothing to commit
-                self.ws.drop_stage(stage)
-                inode.stage = None
+            if not inode.paths:  # unlinked during the seal
+                stage.sealed = False
+                self._orphan_stage(inode)
                 return
             path = inode.path
             if intended == stage.expected:
@@ -378,7 +402,10 @@ class Operations(pyfuse3.Operations):
         if node is not None:
             return self._control_attr(node)
         i = self._inode(inode)
-        return self._attr(inode, self._stat(i))
+        a = self._attr(inode, self._stat(i))
+        if i.unlinked:
+            a.st_nlink = 0
+        return a
 
     @_guard()
     async def setattr(
@@ -405,6 +432,13 @@ class Operations(pyfuse3.Operations):
             else:
                 self._open_backing(i, writable=True)
                 os.ftruncate(i.fd, attr.st_size)
+        if i.is_dir and (fields.update_atime or fields.update_mtime):
+            # A queued commit renames its stage into its directory, which moves the
+            # directory's mtime: settle those of this directory's files first, or the
+            # times that tar and cp -a set after writing a directory's files are lost.
+            for child in [c for c in self.inodes.by_ino.values() if c.pending is not None]:
+                if any(p.rpartition(b"/")[0] == path for p in child.paths):
+                    await self._settle(child)
         targets: list[Any] = [rel(path)]
         if i.stage is not None:
             targets.append(i.stage.fd)
@@ -505,14 +539,19 @@ class Operations(pyfuse3.Operations):
         inode = self.inodes.by_path.get(path)
         if inode is not None:
             await self._settle(inode)
+        st = None
         if is_dir:
             with self._journal(self._journaled(path, None, True), ctx, "rmdir", path):
                 os.rmdir(path, dir_fd=self.ws.root_fd)
         else:
             st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
             incoming = None
-            journaled = self._journaled(path, st)
-            if journaled and stat.S_ISREG(st.st_mode):
+            # One name of a hard-linked file: the other names keep its bytes (written in
+            # place, unjournaled), so the unlink is journaled but nothing is adopted —
+            # adopting would make a live, changing inode an object.
+            linked = stat.S_ISREG(st.st_mode) and st.st_nlink > 1
+            journaled = self._journaled(path, None if linked else st)
+            if journaled and stat.S_ISREG(st.st_mode) and not linked:
                 incoming = self.ws.objects.adopt(self.ws.root_fd, path)  # keep the bytes
             try:
                 with self._journal(journaled, ctx, "unlink", path, incoming):
@@ -522,7 +561,9 @@ class Operations(pyfuse3.Operations):
                 if incoming is not None:
                     os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
                 raise
-        self.inodes.detach(path)
+        gone = self.inodes.detach(path)
+        if gone is not None and st is not None and st.st_nlink == 1:
+            self.inodes.orphan(gone)
 
     @_guard()
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -545,9 +586,7 @@ class Operations(pyfuse3.Operations):
         src = self._parent_path(old_parent, old_name)
         dst = self._parent_path(new_parent, new_name)
         for p in (src, dst):
-            inode = self.inodes.by_path.get(p)
-            if inode is not None:
-                await self._settle(inode)
+            await self._settle_below(p)
         sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
         try:
             dst_st: os.stat_result | None = os.stat(
@@ -555,15 +594,26 @@ class Operations(pyfuse3.Operations):
             )
         except FileNotFoundError:
             dst_st = None
-        journaled = self._journaled(src, sst, stat.S_ISDIR(sst.st_mode)) or self._journaled(
-            dst, dst_st, stat.S_ISDIR(sst.st_mode)
+        # A hard-linked file (as in _remove): its rename is journaled, its bytes are
+        # neither hashed nor adopted, since its other names change them in place.
+        linked = stat.S_ISREG(sst.st_mode) and sst.st_nlink > 1
+        dst_linked = dst_st is not None and stat.S_ISREG(dst_st.st_mode) and dst_st.st_nlink > 1
+        is_dir = stat.S_ISDIR(sst.st_mode)
+        journaled = self._journaled(src, None if linked else sst, is_dir) or self._journaled(
+            dst, None if dst_linked else dst_st, is_dir
         )
         exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
         incoming = None
-        if journaled and not exchange and dst_st is not None and stat.S_ISREG(dst_st.st_mode):
+        if (
+            journaled
+            and not exchange
+            and dst_st is not None
+            and stat.S_ISREG(dst_st.st_mode)
+            and not dst_linked
+        ):
             incoming = self.ws.objects.adopt(self.ws.root_fd, dst)  # keep the replaced bytes
         moved_fd = None
-        if journaled and stat.S_ISREG(sst.st_mode):
+        if journaled and stat.S_ISREG(sst.st_mode) and not linked:
             moved_fd = os.open(
                 src,
                 os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
@@ -582,16 +632,12 @@ class Operations(pyfuse3.Operations):
                 os.close(moved_fd)
             raise
         if exchange:
-            a, b = self.inodes.by_path.get(src), self.inodes.by_path.get(dst)
-            self.inodes.detach(src)
-            self.inodes.detach(dst)
-            for inode, new in ((a, dst), (b, src)):
-                if inode is not None:
-                    inode.paths.add(new)
-                    self.inodes.by_path[new] = inode
+            self.inodes.exchange(src, dst)  # a directory's children move with it
         else:
             if dst_st is not None:
-                self.inodes.detach(dst)
+                gone = self.inodes.detach(dst)
+                if gone is not None and dst_st.st_nlink == 1 and not stat.S_ISDIR(dst_st.st_mode):
+                    self.inodes.orphan(gone)
             self.inodes.move(src, dst)
 
     # ---- files ----
@@ -673,6 +719,7 @@ class Operations(pyfuse3.Operations):
             if len(h.written) < end:
                 h.written.extend(b"\0" * (end - len(h.written)))
             h.written[off:end] = buf
+            h.dirty = True
             return len(buf)
         assert isinstance(h, Handle)
         i = h.inode
@@ -690,9 +737,11 @@ class Operations(pyfuse3.Operations):
     async def flush(self, fh: int) -> None:
         h = self.handles[fh]
         if isinstance(h, ControlHandle):
-            if h.written is not None and h.node.write is not None and not h.node.verbs:
-                data, h.written = bytes(h.written), None
-                await h.node.write(data)
+            # Like a file's commit point: only a flush after a write applies the text (a
+            # shell closes a duplicate descriptor before it writes anything).
+            if h.dirty and h.written is not None and h.node.write is not None:
+                h.dirty = False
+                await h.node.write(bytes(h.written))
             return
         assert isinstance(h, Handle)
         if h.dirty:

@@ -2,7 +2,8 @@
 
 Checks, each reported as one line of drift:
 - every path the journal last recorded with a digest holds those bytes (a path that was
-  never journaled is not checked: rwfs makes no claim about it);
+  never journaled, or that rwfs now writes in place — passthrough, hard-linked, larger
+  than ``max_journaled_bytes`` — is not checked: rwfs makes no claim about it);
 - every path it recorded as deleted is absent;
 - no receipt is unsettled and no intent-log generation is unapplied (else recovery is owed:
   mount once to run it);
@@ -20,6 +21,7 @@ import sys
 from collections.abc import Callable
 
 from .objects import ObjectStore, digest_fd
+from .policy import Policy, PolicyError
 from .store import Store
 
 
@@ -37,6 +39,7 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
         for name in os.listdir(os.path.join(state, "intents")):
             if name.endswith(".log") and os.path.getsize(os.path.join(state, "intents", name)):
                 problems.append(f"intent log {name} is not applied: mount to recover it")
+        policy = _policy(state_fd)
         paths = store.paths()
         for n, (path, entry) in enumerate(sorted(paths.items()), 1):
             if n % 1000 == 0:
@@ -51,7 +54,8 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
             except OSError:
                 continue  # a symlink or special file now: not a journaled file's content
             try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or not _journaled(policy, path, st):
                     continue
                 have, _ = digest_fd(fd)
             finally:
@@ -83,6 +87,23 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
         os.close(state_fd)
         store.close()
     return problems
+
+
+def _policy(state_fd: int) -> Policy:
+    try:
+        with open(os.open(b"policy.toml", os.O_RDONLY, dir_fd=state_fd), "rb") as f:
+            return Policy.parse(f.read().decode("utf-8", "replace"))
+    except (OSError, PolicyError):
+        return Policy()
+
+
+def _journaled(policy: Policy, path: bytes, st: os.stat_result) -> bool:
+    """Files rwfs now writes in place (passthrough, hard-linked, too large) are not checked."""
+    return (
+        not policy.is_passthrough(path)
+        and st.st_nlink == 1
+        and st.st_size <= policy.max_journaled_bytes
+    )
 
 
 def main_fsck(root: str, state: str) -> int:

@@ -34,6 +34,9 @@ class Inode:
     fd_writable: bool = False
     stage: Stage | None = None  # shared by every writer until a commit point
     pending: Commit | None = None  # sealed and queued for the group committer
+    # Its last name was removed while open. Its backing inode may still be linked as a
+    # kept object (the unlink's pre-image), so st_nlink must be reported as 0 by hand.
+    unlinked: bool = False
     lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
@@ -87,6 +90,15 @@ class InodeTable:
             self.maybe_drop(inode)
         return inode
 
+    def orphan(self, inode: Inode) -> None:
+        """Its last name is gone (nlink 0), though handles or lookups may keep it: its
+        backing inode number may be reused by a new file, which must not resolve to it."""
+        if inode.paths:
+            return
+        inode.unlinked = True
+        if self.by_key.get(inode.key) is inode:
+            del self.by_key[inode.key]
+
     def move(self, src: bytes, dst: bytes) -> None:
         """Record a rename: ``src`` (and for a directory everything below it) is now ``dst``."""
         inode = self.by_path.pop(src, None)
@@ -103,6 +115,20 @@ class InodeTable:
                 child.paths.discard(old)
                 child.paths.add(new)
                 self.by_path[new] = child
+
+    def exchange(self, a: bytes, b: bytes) -> None:
+        """Record a RENAME_EXCHANGE: what was at ``a`` (and below it) is at ``b``, and back."""
+        moves: list[tuple[bytes, Inode, bytes]] = []
+        for p, inode in self.by_path.items():
+            for src, dst in ((a, b), (b, a)):
+                if p == src or p.startswith(src + b"/"):
+                    moves.append((p, inode, dst + p[len(src) :]))
+        for old, inode, _ in moves:
+            del self.by_path[old]
+            inode.paths.discard(old)
+        for _, inode, new in moves:
+            inode.paths.add(new)
+            self.by_path[new] = inode
 
     def rekey(self, inode: Inode, key: tuple[int, int]) -> None:
         """The inode's bytes now live in another backing inode (a commit renamed it)."""

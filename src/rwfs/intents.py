@@ -29,10 +29,14 @@ class IntentLog:
         self.gen = 0
         self.fd = -1
 
-    def start(self) -> None:
-        """Open a new generation for appending (recovery only reads the old ones)."""
+    def start(self, applied: int) -> None:
+        """Open a new generation for appending (recovery only reads the old ones).
+
+        Numbering continues after ``applied`` (the store's ``applied_gen``): a generation
+        numbered at or below it would be taken as already applied and dropped unread.
+        """
         gens = self.generations()
-        self.gen = (gens[-1] if gens else 0) + 1
+        self.gen = max(gens[-1] if gens else 0, applied) + 1
         self.fd = self._open(self.gen)
 
     def _open(self, gen: int) -> int:

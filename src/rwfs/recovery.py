@@ -19,7 +19,7 @@ from typing import Any
 
 from .intents import IntentLog
 from .objects import digest_fd
-from .workspace import Commit, Stage, Workspace, record_commit
+from .workspace import Commit, Stage, Workspace, record_commit, syncfs
 
 
 def recover(ws: Workspace, progress: Callable[[str], None] | None = None) -> dict[str, int]:
@@ -152,7 +152,9 @@ def _settle(ws: Workspace, receipt: dict[str, Any]) -> str:
             ws.drop_stage(stage)
         result = "committed"
     elif live == receipt["expected"] and stage_fd is not None and _holds(stage_fd, c.intended):
+        os.fsync(stage_fd)  # a stage is durable before it is renamed into place
         ws._replace(c)
+        syncfs(ws.root_fd)
         result = {"committed": "performed", "landed": "committed"}.get(c.outcome, c.outcome)
         if c.outcome == "error":
             result = "pending"

@@ -97,6 +97,42 @@ class Txn:
         value = json.dumps({"digest": digest, "lsn": lsn}).encode()
         self._t.put(path or b".", value, db=self._s.db[b"paths"])
 
+    def move_paths(self, src: bytes, dst: bytes, lsn: int) -> None:
+        """A rename: ``src`` and every path below it now live under ``dst``."""
+        db = self._s.db[b"paths"]
+        moved: list[tuple[bytes, Any]] = [(src, self._t.get(src, db=db))]
+        moved += [(k, self._t.get(k, db=db)) for k in self._paths_under(src) if k != src]
+        for key, _ in moved:
+            self._t.delete(key, db=db)
+        for key in [k for k in self._paths_under(dst)]:
+            self._t.delete(key, db=db)  # what the rename replaced
+        for key, value in moved:
+            if value is not None:
+                entry = json.loads(bytes(value))
+                self.set_path(dst + key[len(src) :], entry["digest"], lsn)
+        self.set_path(src, None, lsn)
+
+    def swap_paths(self, a: bytes, b: bytes, lsn: int) -> None:
+        """RENAME_EXCHANGE: the two paths (and what is below them) trade places."""
+        tmp = b"\0swap"
+        self.move_paths(a, tmp, lsn)
+        self.move_paths(b, a, lsn)
+        self.move_paths(tmp, b, lsn)
+        self._t.delete(tmp, db=self._s.db[b"paths"])
+
+    def _paths_under(self, top: bytes) -> list[bytes]:
+        db = self._s.db[b"paths"]
+        out = [top] if self._t.get(top, db=db) is not None else []
+        cur = self._t.cursor(db=db)
+        prefix = top + b"/"
+        if cur.set_range(prefix):
+            for key, _ in cur:
+                key = bytes(key)
+                if not key.startswith(prefix):
+                    break
+                out.append(key)
+        return out
+
     def add_object(self, digest: str, size: int, lsn: int) -> None:
         db = self._s.db[b"objects"]
         if self._t.get(digest.encode(), db=db) is None:

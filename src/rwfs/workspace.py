@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import stat
 import uuid
@@ -26,8 +27,9 @@ from . import faults
 from .intents import IntentLog
 from .objects import ObjectStore, copy_fd, digest_fd
 from .policy import Policy
-from .store import JournalUnavailable, Store, now_iso
+from .store import Store, now_iso
 
+log = logging.getLogger("rwfs.commit")
 _libc = ctypes.CDLL(None, use_errno=True)
 _LIMIT = trio.CapacityLimiter(4)
 
@@ -158,7 +160,7 @@ class Workspace:
     def open_intents(self) -> None:
         """Start a fresh intent-log generation (after recovery has read the old ones)."""
         self.intents = IntentLog(self.state_fd)
-        self.intents.start()
+        self.intents.start(self.store.meta_int(b"applied_gen"))
 
     # ---- digests (blocking: call in a thread) ----
 
@@ -350,16 +352,29 @@ class Workspace:
             self._has_work = trio.Event()
             assert self.intents is not None
             gen = self.intents.rotate()
+            progress = {"prepared": False}
             try:
-                await trio.to_thread.run_sync(self._apply_group, group, gen, limiter=_LIMIT)
+                await trio.to_thread.run_sync(
+                    self._apply_group, group, gen, progress, limiter=_LIMIT
+                )
                 self.journal_ok = True
-            except JournalUnavailable as exc:
+            except Exception as exc:  # LMDB or the disk failed: never let it stop the daemon
                 self.journal_ok = False
-                self._fail_group(group, str(exc))
-                return
+                log.error("group commit failed: %s", exc)
+                if not progress["prepared"]:
+                    self._fail_group(group, str(exc))  # nothing of the group was written
+                    return
+                # Receipts are prepared and the tree may hold the group's changes; only the
+                # records are missing. Recovery settles the receipts at the next mount (live
+                # file = intended); the namespace events are recorded with the next group.
+                self._queue[:0] = [i for i in group if isinstance(i, Event)]
+                if self._queue:
+                    self._has_work.set()
             self.live["groups"] += 1
             for item in group:
                 if isinstance(item, Commit):
+                    if item.outcome == "error":
+                        _close_quietly(item.stage.fd)
                     self.on_committed(item)
                     item.done.set()
 
@@ -380,7 +395,9 @@ class Workspace:
         if retry:
             self._has_work.set()
 
-    def _apply_group(self, group: list[Commit | Event], gen: int) -> None:
+    def _apply_group(
+        self, group: list[Commit | Event], gen: int, progress: dict[str, bool]
+    ) -> None:
         """Make a group durable: stages synced, receipts, renames, commit records (thread)."""
         commits = [c for c in group if isinstance(c, Commit)]
         if commits:
@@ -408,15 +425,19 @@ class Workspace:
 
         if commits:
             self.store.write(prepare)
+        progress["prepared"] = True
+        if commits:
             faults.point("after_prepare")
         for c in commits:
             self._replace(c)
-        if commits:
-            syncfs(self.root_fd)  # the renames and pre-image links are durable
-            faults.point("before_commit_record")
         for item in group:
             if isinstance(item, Event):
                 self._settle_event_digests(item)
+        # The renames, the namespace operations and the kept objects are durable before
+        # their records: one round of syncs for the whole group.
+        syncfs(self.root_fd)
+        if commits:
+            faults.point("before_commit_record")
 
         def record(txn: Any) -> None:
             for item in group:
@@ -453,9 +474,11 @@ class Workspace:
         if op == "unlink":
             txn.set_path(path, None, lsn)
         elif op == "rename":
-            txn.set_path(path, None, lsn)
-            if ev.get("intended"):
-                txn.set_path(os.fsencode(ev["dest"]), ev["intended"], lsn)
+            dest = os.fsencode(ev["dest"])
+            if ev.get("exchange"):
+                txn.swap_paths(path, dest, lsn)
+            else:
+                txn.move_paths(path, dest, lsn)
         elif op == "create":
             txn.set_path(path, ev.get("intended"), lsn)
         counter = {"noop": "noops"}.get(op)
@@ -517,6 +540,13 @@ class Workspace:
     def _keep_intended(self, c: Commit) -> None:
         self.objects.keep_fd_copy(c.stage.fd, c.intended)
         self.drop_stage(c.stage)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _type_swap(path: bytes) -> RwfsError:
