@@ -23,12 +23,17 @@ POINTS = (
 )
 
 _armed: dict[str, int] = {}
-_spec = os.environ.get("RWFS_FAULT", "")
-if _spec:
-    _name, _, _count = _spec.partition(":")
-    if _name not in POINTS:
-        raise SystemExit(f"rwfs: RWFS_FAULT names no fault point: {_name!r}")
-    _armed[_name] = int(_count or 1)
+
+
+def arm() -> None:
+    """Read ``RWFS_FAULT`` (the daemon calls this at start; other commands never do)."""
+    spec = os.environ.get("RWFS_FAULT", "")
+    if not spec:
+        return
+    name, _, count = spec.partition(":")
+    if name not in POINTS or not (count or "1").isdigit():
+        raise ValueError(f"RWFS_FAULT={spec!r} names no fault point; known: {', '.join(POINTS)}")
+    _armed[name] = int(count or 1)
 
 
 def point(name: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import pyfuse3
 import trio
 
+from . import faults
 from .control import write_state_file
 from .fs import Operations
 from .policy import DEFAULT_TEXT, Policy, PolicyError
@@ -101,6 +102,10 @@ def load_policy(state_fd: int) -> Policy:
 
 def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | None) -> None:
     """Run the daemon in the foreground until the mount goes away."""
+    try:
+        faults.arm()
+    except ValueError as exc:
+        raise QuietError(str(exc)) from None
     workspace = os.path.realpath(workspace)
     mountpoint = os.path.realpath(mountpoint)
     if workspace in rwfs_mounts() or mountpoint in rwfs_mounts():
@@ -189,7 +194,7 @@ def spawn(workspace: str, mountpoint: str, options: list[str]) -> None:
         answer = r.read(3)
     if answer != b"ok\n":
         code = proc.wait()
-        raise QuietError(f"rwfs: the mount failed (daemon exit {code}); see the message above")
+        raise QuietError(f"the mount failed (daemon exit {code}); see the message above")
 
 
 def umount(mountpoint: str, timeout: float = 60.0) -> None:
