@@ -30,7 +30,6 @@ log = logging.getLogger("rwfs.fs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
-
 def _guard(quiet: bool = False) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
@@ -125,6 +124,9 @@ class Operations(pyfuse3.Operations):
         a.attr_timeout = self.timeout
         a.st_mode = st.st_mode
         a.st_nlink = st.st_nlink
+        i = self.inodes.get(ino)
+        if i is not None and i.unlinked:
+            a.st_nlink = 0  # its backing inode may be linked as a kept object (Inode)
         a.st_uid = st.st_uid
         a.st_gid = st.st_gid
         a.st_rdev = st.st_rdev
@@ -402,10 +404,7 @@ class Operations(pyfuse3.Operations):
         if node is not None:
             return self._control_attr(node)
         i = self._inode(inode)
-        a = self._attr(inode, self._stat(i))
-        if i.unlinked:
-            a.st_nlink = 0
-        return a
+        return self._attr(inode, self._stat(i))
 
     @_guard()
     async def setattr(
@@ -523,6 +522,9 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         src = self._inode(inode)
         path = self._parent_path(new_parent_inode, new_name)
+        # The new name must reach the bytes every reader sees: commit an open stage (say,
+        # a truncate(2) while a descriptor is open) before linking the backing file.
+        await self._commit(src, self._who(ctx), wait=True)
         await self._settle(src)
         with self._journal(self._journaled(path), ctx, "link", path, source=fsdecode(src.path)):
             os.link(
@@ -621,7 +623,13 @@ class Operations(pyfuse3.Operations):
             )
         try:
             with self._journal(
-                journaled, ctx, "rename", src, incoming, dest=fsdecode(dst), exchange=exchange or None
+                journaled,
+                ctx,
+                "rename",
+                src,
+                incoming,
+                dest=fsdecode(dst),
+                exchange=exchange or None,
             ) as late:
                 renameat2(self.ws.root_fd, src, self.ws.root_fd, dst, flags)
                 late["hash_fd"] = moved_fd
