@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
+from typing import Any
 
 EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
 _CHUNK = 1 << 20
@@ -36,20 +37,50 @@ def digest_bytes(data: bytes) -> str:
 
 
 def copy_fd(src: int, dst: int) -> tuple[str, int]:
-    """Copy ``src`` into ``dst`` (both at offset 0) while hashing; returns (digest, size)."""
+    """Copy ``src`` into ``dst`` (both at offset 0) while hashing; returns (digest, size).
+
+    Holes stay holes: only data regions are written (SEEK_DATA/SEEK_HOLE), so a sparse
+    file's stage, and the file it is committed as, stay sparse.
+    """
     h = hashlib.sha256()
+    size = os.fstat(src).st_size
     off = 0
-    while True:
-        buf = os.pread(src, _CHUNK, off)
-        if not buf:
+    while off < size:
+        try:
+            data = os.lseek(src, off, os.SEEK_DATA)
+        except OSError:  # ENXIO: only a hole remains
+            data = size
+        _hash_zeros(h, data - off)
+        if data >= size:
             break
-        h.update(buf)
-        view = memoryview(buf)
-        while view:
-            n = os.pwrite(dst, view, off)
-            view = view[n:]
-            off += n
-    return "sha256:" + h.hexdigest(), off
+        try:
+            hole = os.lseek(src, data, os.SEEK_HOLE)
+        except OSError:
+            hole = size
+        off = data
+        while off < hole:
+            buf = os.pread(src, min(_CHUNK, hole - off), off)
+            if not buf:  # the file shrank under us
+                hole = size = off
+                break
+            h.update(buf)
+            view = memoryview(buf)
+            while view:
+                n = os.pwrite(dst, view, off)
+                view = view[n:]
+                off += n
+    os.ftruncate(dst, size)
+    return "sha256:" + h.hexdigest(), size
+
+
+_ZEROS = bytes(_CHUNK)
+
+
+def _hash_zeros(h: Any, n: int) -> None:
+    while n > 0:
+        k = min(n, _CHUNK)
+        h.update(_ZEROS[:k] if k < _CHUNK else _ZEROS)
+        n -= k
 
 
 class ObjectStore:
