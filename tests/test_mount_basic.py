@@ -118,3 +118,33 @@ def test_second_mount_is_refused(mount: Mount) -> None:
     )
     assert res.returncode == 1
     assert "already" in res.stderr
+
+
+def test_rename_onto_a_journaled_path_is_a_commit_of_that_path(workspace: Path) -> None:
+    (workspace / "conf.ini").write_bytes(b"a = 1\n")
+    m = Mount(workspace).start()
+    try:
+        tmp = m.path / ".conf.ini.tmp"
+        tmp.write_bytes(b"a = 2\n")
+        os.replace(tmp, m.path / "conf.ini")
+        ren = [e for e in journal(m) if e["op"] == "rename"]
+        assert len(ren) == 1
+        assert ren[0]["dest"] == "conf.ini" and ren[0]["batch"].startswith("auto-")
+        assert (ren[0]["expected"], ren[0]["intended"]) == (sha(b"a = 1\n"), sha(b"a = 2\n"))
+        status = json.loads((m.path / ".rw" / "status").read_text())
+        assert status["counts"]["commits"] == 2  # the temp file's write, then the rename
+    finally:
+        m.stop()
+    check_clean(m)
+    from rwfs.store import Store
+
+    store = Store(str(workspace / ".rw" / "journal"))
+    try:
+        receipts = [r for r in store.receipts() if r["path"] == "conf.ini"]
+        assert [(r["state"], r["expected"], r["intended"]) for r in receipts] == [
+            ("committed", sha(b"a = 1\n"), sha(b"a = 2\n"))
+        ]
+    finally:
+        store.close()
+    old = sha(b"a = 1\n").split(":")[1]
+    assert (workspace / ".rw" / "objects" / old[:2] / old[2:]).read_bytes() == b"a = 1\n"

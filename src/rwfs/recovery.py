@@ -19,7 +19,7 @@ from typing import Any
 
 from .intents import IntentLog
 from .objects import digest_fd
-from .workspace import Commit, Stage, Workspace, record_commit, syncfs
+from .workspace import Commit, Stage, Workspace, record_commit, record_event, syncfs
 
 
 def recover(ws: Workspace, progress: Callable[[str], None] | None = None) -> dict[str, int]:
@@ -96,8 +96,7 @@ def _replay_intents(
                         got = ws.objects.settle_incoming(rec["incoming"].encode())
                         if got is not None:
                             ev["expected"], ev["size"] = got
-                    lsn = txn.append_event(ev)
-                    ws._record_event_state(txn, ev, lsn)
+                    record_event(txn, ev)
                 summary["intents"] += 1
             txn.set_meta_int(b"prepared_gen", max(prepared, gen))
             txn.set_meta_int(b"applied_gen", gen)

@@ -444,8 +444,7 @@ class Workspace:
                 if isinstance(item, Commit):
                     record_commit(txn, item)
                 else:
-                    lsn = txn.append_event(dict(item.event))
-                    self._record_event_state(txn, item.event, lsn)
+                    record_event(txn, dict(item.event))
             txn.set_meta_int(b"applied_gen", gen)
 
         self.store.write(record)
@@ -464,26 +463,6 @@ class Workspace:
             finally:
                 os.close(item.hash_fd)
             item.hash_fd = None
-
-    @staticmethod
-    def _record_event_state(txn: Any, ev: dict[str, Any], lsn: int) -> None:
-        op = ev["op"]
-        path = os.fsencode(ev["path"])
-        if ev.get("expected"):
-            txn.add_object(ev["expected"], ev.get("size", 0), lsn)
-        if op == "unlink":
-            txn.set_path(path, None, lsn)
-        elif op == "rename":
-            dest = os.fsencode(ev["dest"])
-            if ev.get("exchange"):
-                txn.swap_paths(path, dest, lsn)
-            else:
-                txn.move_paths(path, dest, lsn)
-        elif op == "create":
-            txn.set_path(path, ev.get("intended"), lsn)
-        counter = {"noop": "noops"}.get(op)
-        if counter:
-            txn.bump(counter)
 
     def _replace(self, c: Commit) -> None:
         """Step 7 of SPEC §3.2 for one commit: check the live file, keep it, rename the stage."""
@@ -595,6 +574,51 @@ def record_commit(txn: Any, c: Commit) -> None:
             txn.add_object(c.stage.expected, 0, lsn)
         txn.bump("commits")
     txn.put_receipt(receipt)
+
+
+def record_event(txn: Any, ev: dict[str, Any]) -> int:
+    """Journal a namespace event and its effect on the path index; returns its LSN.
+
+    A rename that puts a file's bytes at a path is a commit of that path: it gets a
+    receipt (expected = the replaced bytes or null, intended = the moved bytes).
+    """
+    op = ev["op"]
+    path = os.fsencode(ev["path"])
+    receipt = None
+    if op == "rename" and ev.get("intended") and not ev.get("exchange"):
+        rid = txn.new_receipt(
+            {
+                "batch": None,
+                "path": ev["dest"],
+                "expected": ev.get("expected"),
+                "intended": ev["intended"],
+                "source": ev["path"],
+            }
+        )
+        receipt = txn.receipt(rid)
+        ev["batch"] = f"auto-{rid}"
+    lsn: int = txn.append_event(ev)
+    if ev.get("expected"):
+        txn.add_object(ev["expected"], ev.get("size", 0), lsn)
+    if op == "unlink":
+        txn.set_path(path, None, lsn)
+    elif op == "rename":
+        dest = os.fsencode(ev["dest"])
+        if ev.get("exchange"):
+            txn.swap_paths(path, dest, lsn)
+        else:
+            txn.move_paths(path, dest, lsn)
+            if ev.get("intended"):
+                txn.set_path(dest, ev["intended"], lsn)
+    elif op == "create":
+        txn.set_path(path, ev.get("intended"), lsn)
+    if receipt is not None:
+        receipt.update(state="committed", lsn=lsn, batch=ev["batch"])
+        txn.put_receipt(receipt)
+        txn.bump("commits")
+    if op == "noop":
+        txn.bump("noops")
+    return lsn
 
 
 def copy_metadata(src_fd: int, dst_fd: int, st: os.stat_result) -> None:
