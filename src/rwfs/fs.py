@@ -317,7 +317,9 @@ class Operations(pyfuse3.Operations):
                     await self._settle(inode)
                     continue
                 self._open_backing(inode, writable=False)
-                inode.stage = await self.ws.new_stage(inode.fd, truncate)
+                inode.stage = self.ws.quick_stage(inode.fd, truncate) or await self.ws.new_stage(
+                    inode.fd, truncate
+                )
 
     def _orphan_stage(self, inode: Inode) -> None:
         """Unlinked while open: nothing to commit. The stage holds the file's bytes for the
@@ -435,9 +437,9 @@ class Operations(pyfuse3.Operations):
             # A queued commit renames its stage into its directory, which moves the
             # directory's mtime: settle those of this directory's files first, or the
             # times that tar and cp -a set after writing a directory's files are lost.
-            for child in [c for c in self.inodes.by_ino.values() if c.pending is not None]:
-                if any(p.rpartition(b"/")[0] == path for p in child.paths):
-                    await self._settle(child)
+            for c in self.ws.unsettled():
+                if c.path.rpartition(b"/")[0] == path and c.owner is not None:
+                    await self._settle(c.owner)
         targets: list[Any] = [rel(path)]
         if i.stage is not None:
             targets.append(i.stage.fd)
@@ -675,7 +677,8 @@ class Operations(pyfuse3.Operations):
                 if journaled:
                     await self._ensure_stage(i, truncate=True)
                     assert i.stage is not None
-                    os.ftruncate(i.stage.fd, 0)
+                    if os.fstat(i.stage.fd).st_size:  # a stage other writers had filled
+                        os.ftruncate(i.stage.fd, 0)
                 else:
                     self._open_backing(i, writable=True)
                     os.ftruncate(i.fd, 0)

@@ -87,11 +87,18 @@ class Policy:
     def __post_init__(self) -> None:
         anchored = [g if g.startswith(("/", "**/", "!")) else "**/" + g for g in self.passthrough]
         self._spec = pathspec.PathSpec.from_lines(_DIALECT, anchored)
+        self._memo: dict[tuple[bytes, bool], bool] = {}  # glob matching is regex work
 
     def is_passthrough(self, path: bytes, is_dir: bool = False) -> bool:
         """True if ``path`` (relative, bytes) is written in place without journaling."""
-        text = path.decode("utf-8", "surrogateescape")
-        return bool(self._spec.match_file(text + "/" if is_dir else text))
+        key = (path, is_dir)
+        hit = self._memo.get(key)
+        if hit is None:
+            text = path.decode("utf-8", "surrogateescape")
+            hit = self._memo[key] = bool(self._spec.match_file(text + "/" if is_dir else text))
+            if len(self._memo) > 100_000:
+                self._memo.clear()
+        return hit
 
     @classmethod
     def parse(cls, text: str) -> Policy:

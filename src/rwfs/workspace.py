@@ -146,9 +146,14 @@ class Workspace:
         self._urgent = trio.Event()
         self._flush_lock = trio.Lock()
         self._closing = False
+        self._inflight: list[Commit | Event] = []
         self.journal_ok = True
         self.on_committed: Callable[[Commit], None] = lambda c: None
         self.live = {"commits": 0, "noops": 0, "refusals": 0, "conflicts": 0, "groups": 0}
+
+    def unsettled(self) -> list[Commit]:
+        """Commits sealed but not yet in the tree (queued, or in the group being applied)."""
+        return [c for c in (*self._inflight, *self._queue) if isinstance(c, Commit)]
 
     def is_queued(self, commit: Commit) -> bool:
         return any(item is commit for item in self._queue)
@@ -212,6 +217,17 @@ class Workspace:
     async def new_stage(self, source_fd: int, truncate: bool) -> Stage:
         """A stage for the file behind ``source_fd``: its bytes (or none, if truncating)."""
         return await trio.to_thread.run_sync(self._new_stage, source_fd, truncate, limiter=_LIMIT)
+
+    def quick_stage(self, source_fd: int, truncate: bool) -> Stage | None:
+        """A stage made on the event loop when it needs no hashing or copying (an empty
+        file, or a truncation of a file whose digest is cached); else None."""
+        if not truncate and os.fstat(source_fd).st_size:
+            return None
+        st = os.fstat(source_fd)
+        hit = self._digests.get((st.st_dev, st.st_ino))
+        if st.st_size and (hit is None or hit[:3] != (st.st_size, st.st_mtime_ns, st.st_ctime_ns)):
+            return None
+        return self._new_stage(source_fd, truncate)
 
     def _new_stage(self, source_fd: int, truncate: bool) -> Stage:
         name = uuid.uuid4().hex.encode()
@@ -349,6 +365,7 @@ class Workspace:
                 return
             # atomic: take the queue and rotate the intent log together.
             group, self._queue = self._queue, []
+            self._inflight = group
             self._has_work = trio.Event()
             assert self.intents is not None
             gen = self.intents.rotate()
@@ -360,6 +377,7 @@ class Workspace:
                 self.journal_ok = True
             except Exception as exc:  # LMDB or the disk failed: never let it stop the daemon
                 self.journal_ok = False
+                self._inflight = []
                 log.error("group commit failed: %s", exc)
                 if not progress["prepared"]:
                     self._fail_group(group, str(exc))  # nothing of the group was written
@@ -370,6 +388,7 @@ class Workspace:
                 self._queue[:0] = [i for i in group if isinstance(i, Event)]
                 if self._queue:
                     self._has_work.set()
+            self._inflight = []
             self.live["groups"] += 1
             for item in group:
                 if isinstance(item, Commit):
