@@ -317,9 +317,7 @@ class Operations(pyfuse3.Operations):
                     await self._settle(inode)
                     continue
                 self._open_backing(inode, writable=False)
-                inode.stage = self.ws.quick_stage(inode.fd, truncate) or await self.ws.new_stage(
-                    inode.fd, truncate
-                )
+                inode.stage = await self.ws.new_stage(inode.fd, truncate)
 
     def _orphan_stage(self, inode: Inode) -> None:
         """Unlinked while open: nothing to commit. The stage holds the file's bytes for the

@@ -218,17 +218,6 @@ class Workspace:
         """A stage for the file behind ``source_fd``: its bytes (or none, if truncating)."""
         return await trio.to_thread.run_sync(self._new_stage, source_fd, truncate, limiter=_LIMIT)
 
-    def quick_stage(self, source_fd: int, truncate: bool) -> Stage | None:
-        """A stage made on the event loop when it needs no hashing or copying (an empty
-        file, or a truncation of a file whose digest is cached); else None."""
-        if not truncate and os.fstat(source_fd).st_size:
-            return None
-        st = os.fstat(source_fd)
-        hit = self._digests.get((st.st_dev, st.st_ino))
-        if st.st_size and (hit is None or hit[:3] != (st.st_size, st.st_mtime_ns, st.st_ctime_ns)):
-            return None
-        return self._new_stage(source_fd, truncate)
-
     def _new_stage(self, source_fd: int, truncate: bool) -> Stage:
         name = uuid.uuid4().hex.encode()
         fd = os.open(
