@@ -163,3 +163,52 @@ def test_recovery_never_performs_a_damaged_stage(ws: Any) -> None:
     (ws.tree / ".rw" / "staging" / name).write_bytes(b"ne")  # torn by a machine crash
     assert recover(ws)["pending"] == 1
     assert (ws.tree / "f").read_bytes() == b"old"
+
+
+def test_journal_unavailable_refuses_a_strict_write_with_nothing_changed(
+    ws: Any, monkeypatch: Any
+) -> None:
+    import trio
+
+    from rwfs.store import JournalUnavailable
+    from rwfs.workspace import Commit, RwfsError
+
+    (ws.tree / "f").write_bytes(b"old")
+    real_write = ws.store.write
+
+    def broken(*args: Any) -> Any:
+        raise JournalUnavailable("MDB_MAP_FULL")
+
+    async def commit(data: bytes) -> Commit:
+        fd = os.open(ws.tree / "f", os.O_RDONLY)
+        try:
+            stage = await ws.new_stage(fd, truncate=True)
+        finally:
+            os.close(fd)
+        os.pwrite(stage.fd, data, 0)
+        stage.sealed = True
+        intended, size = await ws.seal(stage)
+        c: Commit = await ws.submit(Commit(b"f", stage, intended, size, {}), wait=True)
+        return c
+
+    async def main() -> None:
+        ws.open_intents()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ws.run_committer)
+            monkeypatch.setattr(ws.store, "write", broken)
+            with pytest.raises(RwfsError) as err:
+                await commit(b"new")
+            assert err.value.errno == errno.EIO
+            assert err.value.envelope["error"] == "journal_unavailable"
+            assert "unchanged" in err.value.envelope["message"]
+            assert (ws.tree / "f").read_bytes() == b"old"
+            assert os.listdir(ws.tree / ".rw" / "staging") == []
+            monkeypatch.setattr(ws.store, "write", real_write)
+            done = await commit(b"new")  # the journal is back: the write goes through
+            assert done.outcome == "committed"
+            assert (ws.tree / "f").read_bytes() == b"new"
+            await ws.close()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert [e["op"] for e in ws.store.events()] == ["write"]

@@ -48,6 +48,8 @@ class Control:
         self.nodes[self.root.ino] = self.root
         self.mtime = time.time_ns()
         self.last_error: dict[str, Any] | None = None
+        # Figures only the mounting layer knows (e.g. how many inodes the kernel holds).
+        self.live: dict[str, Callable[[], Any]] = {}
         self.add(
             self.root,
             b"README",
@@ -101,6 +103,7 @@ class Control:
             "last_lsn": self.ws.store.meta_int(b"lsn"),
             "journal_bytes": self.ws.store.size_bytes(),
             "journal_ok": self.ws.journal_ok,
+            **{key: fn() for key, fn in self.live.items()},
         }
 
     def _journal(self) -> bytes:

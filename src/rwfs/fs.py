@@ -95,6 +95,8 @@ class Operations(pyfuse3.Operations):
         st = os.fstat(ws.root_fd)
         self.inodes = InodeTable((st.st_dev, st.st_ino), first_free=2)
         self.control = Control(ws, info, self.inodes.allocate)
+        self.control.live["inodes"] = lambda: len(self.inodes.by_ino)
+        self.control.live["open_handles"] = lambda: len(self.handles)
         self.show_control = show_control
         self.timeout = timeout
         self.handles: dict[int, Handle | ControlHandle | DirHandle] = {}

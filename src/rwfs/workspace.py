@@ -250,7 +250,12 @@ class Workspace:
     async def submit(self, commit: Commit, wait: bool) -> Commit:
         """Queue a sealed commit; in strict mode (or ``wait``) return once it is durable."""
         if not self.journal_ok:
-            raise journal_unavailable(commit.path, "the last journal commit failed")
+            # The last group could not be journaled: try LMDB again before taking more.
+            try:
+                await trio.to_thread.run_sync(self._probe_journal, limiter=_LIMIT)
+                self.journal_ok = True
+            except Exception as exc:
+                raise journal_unavailable(commit.path, str(exc)) from None
         assert self.intents is not None
         self.intents.append(
             {
@@ -323,6 +328,9 @@ class Workspace:
     def _enqueue(self, item: Commit | Event) -> None:
         self._queue.append(item)
         self._has_work.set()
+
+    def _probe_journal(self) -> None:
+        self.store.write(lambda txn: txn.set_meta_int(b"probe", 1))
 
     async def sync(self) -> None:
         """Make everything queued so far durable."""
