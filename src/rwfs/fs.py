@@ -258,7 +258,7 @@ class Operations(pyfuse3.Operations):
             return
         prefix = path + b"/"
         while busy := [
-            i for p, i in self.inodes.by_path.items() if p.startswith(prefix) and i.pending
+            c.owner for c in self.ws.unsettled() if c.path.startswith(prefix) and c.owner
         ]:
             for i in busy:
                 await self._settle(i)
