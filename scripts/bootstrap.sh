@@ -30,7 +30,7 @@ rwfs_venv() {
         python3 -m venv "$venv"
     fi
     local have
-    have="$(cat "$venv/.rwfs-stamp" 2>/dev/null)"
+    have="$(cat "$venv/.rwfs-stamp" 2>/dev/null || true)"
     # An install with the test extras also serves a plain run.
     if [ "$have" != "$stamp" ] && [ "$have" != "${stamp}[test]" ]; then
         "$venv/bin/python" -m pip install -q --upgrade pip >&2
