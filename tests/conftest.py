@@ -32,6 +32,9 @@ def rwfs_mounted(point: str) -> bool:
         return any(line.split()[1] == point and line.split()[2] == "fuse.rwfs" for line in f)
 
 
+GATES_OFF = "\n".join(f'[gates.{g}]\naction = "off"' for g in ("truncation", "elision", "syntax"))
+
+
 def prepare_state(workspace: Path, policy: str) -> None:
     """Give a workspace rwfs state with this policy before its first mount."""
     rw = workspace / ".rw"

@@ -212,3 +212,50 @@ def test_journal_unavailable_refuses_a_strict_write_with_nothing_changed(
 
     trio.run(main)
     assert [e["op"] for e in ws.store.events()] == ["write"]
+
+
+# Placeholder lines models write, and ordinary lines that must not be mistaken for them.
+ELIDED = [
+    b"# ... rest of the code unchanged ...",
+    b"    // ... existing code ...",
+    b"# (unchanged)",
+    b"<!-- rest of the file unchanged -->",
+    b"-- ... remaining code ...",
+    b"/* ... other methods ... */",
+    b"    # Rest of the class remains unchanged",
+    b"# [rest of code remains the same]",
+]
+NOT_ELIDED = [
+    b"# see ... for details",
+    b"x = foo(...)",
+    b"...",
+    b"    # ...",
+    b"# TODO: handle the rest",
+    b"    pass  # unchanged behaviour for old callers",
+    b"# The rest of this module handles parsing.",
+    b"print('rest of the file')",
+    b"// Other code paths use this too",
+]
+
+
+def test_elision_placeholders_and_ordinary_comments() -> None:
+    from rwfs.gates import _placeholder
+
+    assert [line for line in ELIDED if not _placeholder(line)] == []
+    assert [line for line in NOT_ELIDED if _placeholder(line)] == []
+
+
+def test_gates_on_bytes() -> None:
+    from rwfs.gates import check
+
+    cfg = Policy().gate
+    old = b"".join(b"line %d\n" % i for i in range(100))
+    assert [f.gate for f in check(b"a.txt", old, old[:200], cfg)] == ["truncation"]
+    assert check(b"a.txt", old, old[: len(old) - 40], cfg) == []  # a few lines: fine
+    elided = b"".join(old.splitlines(True)[:12]) + b"# ... rest of the file unchanged ...\n"
+    assert "elision" in [f.gate for f in check(b"a.txt", old, elided, cfg)]
+    py = b"def f():\n    return 1\n"
+    (found,) = check(b"m.py", py, b"def f(:\n    return 1\n", cfg)
+    assert found.gate == "syntax" and found.details["line"] == 1
+    assert check(b"m.py", b"def f(:\n", b"def g(:\n", cfg) == []  # already broken
+    assert check(b"m.py", b"", b"def f(:\n", cfg) == []  # a new file

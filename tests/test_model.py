@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Mount, check_clean
+from conftest import GATES_OFF, Mount, check_clean, prepare_state
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -266,6 +266,8 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mount]:
     ws = base / "ws"
     ws.mkdir()
     (base / "plain").mkdir()
+    # The model is plain POSIX: the gates, which refuse some writes on purpose, are off.
+    prepare_state(ws, GATES_OFF)
     m = Mount(ws).start()
     try:
         Sides.mount, Sides.plain = m, base / "plain"

@@ -63,6 +63,11 @@ class Control:
         )
         self.verbs: dict[str, Callable[[list[str]], Awaitable[None]]] = {"sync": self._sync}
         self.add(self.root, b"ctl", lambda: b"", self._ctl, verbs=True)
+        self.rejected = self.mkdir(self.root, b"rejected")
+        self.why = self.mkdir(self.root, b"why")
+        for ev in ws.store.events():  # drafts refused in earlier mounts stay listed
+            if ev["op"] == "refuse" and ev.get("draft"):
+                self._add_rejected(ev["draft"], ev["intended"])
 
     def add(
         self,
@@ -77,12 +82,48 @@ class Control:
         self.nodes[node.ino] = node
         return node
 
+    def mkdir(self, parent: CDir, name: bytes) -> CDir:
+        node = parent.children.get(name)
+        if isinstance(node, CDir):
+            return node
+        node = CDir(self._allocate(), name)
+        parent.children[name] = node
+        self.nodes[node.ino] = node
+        return node
+
+    def _put(self, top: CDir, path: str, render: Callable[[], bytes]) -> None:
+        """Add (or refresh) a read-only file at ``top/path``, making directories on the way."""
+        *dirs, name = os.fsencode(path).split(b"/")
+        for d in dirs:
+            top = self.mkdir(top, d)
+        node = top.children.get(name)
+        if isinstance(node, CFile):
+            node.render = render
+        elif node is None:
+            self.add(top, name, render)
+
+    def _add_rejected(self, draft_id: str, digest: str) -> None:
+        def render() -> bytes:
+            fd = self.ws.objects.open(digest)
+            try:
+                return os.pread(fd, os.fstat(fd).st_size, 0)
+            finally:
+                os.close(fd)
+
+        self._put(self.rejected, draft_id, render)
+
     def get(self, ino: int) -> CNode | None:
         return self.nodes.get(ino)
 
     def fail(self, exc: RwfsError) -> None:
-        """Remember an error envelope for ``.rw/last-error``."""
-        self.last_error = exc.envelope
+        """Show an error envelope at ``.rw/last-error`` and, for a file, ``.rw/why/<path>``."""
+        env = self.last_error = exc.envelope
+        path = env.get("path") or ""
+        if path and not path.startswith(".rw"):
+            body = _json(env)
+            self._put(self.why, path, lambda: body)
+        if env.get("draft"):
+            self._add_rejected(env["draft"].rsplit("/", 1)[-1], env["intended"])
 
     # ---- views ----
 
@@ -96,6 +137,7 @@ class Control:
                 "noops": counters.get("noops", 0),
                 "refusals": counters.get("refusals", 0),
                 "conflicts": counters.get("conflicts", 0),
+                "warnings": counters.get("warnings", 0),
                 "open_batches": 0,
                 "interrupted_batches": 0,
                 "queued": self.ws.queued,

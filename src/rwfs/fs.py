@@ -81,6 +81,7 @@ class DirHandle:
     inode: Inode | None
     entries: list[bytes]
     fd: int = -1
+    node: CDir | None = None  # a control directory (then inode is None)
 
 
 class Operations(pyfuse3.Operations):
@@ -241,6 +242,17 @@ class Operations(pyfuse3.Operations):
 
         trio.lowlevel.spawn_system_task(trio.to_thread.run_sync, run)
 
+    async def _invalidate_now(self, inode: Inode) -> None:
+        """Drop the kernel's cache of an inode before answering (in a thread, see above)."""
+
+        def run() -> None:
+            try:
+                pyfuse3.invalidate_inode(inode.ino)
+            except OSError:
+                pass
+
+        await trio.to_thread.run_sync(run)
+
     async def _settle(self, inode: Inode) -> None:
         """Wait until the inode's queued commit is in the tree."""
         while inode.pending is not None:
@@ -362,7 +374,25 @@ class Operations(pyfuse3.Operations):
                 )
                 self.ws.live["noops"] += 1
                 return
-            commit = Commit(path, stage, intended, size, dict(ctx_info), owner=inode)
+            findings = await self.ws.run_gates(path, inode.fd, stage)
+            if any(f.action == "reject" for f in findings):
+                # Refused: the draft is kept, the stage goes, the file reads as before.
+                err = await self.ws.refuse(path, stage, intended, findings, ctx_info)
+                self.ws.drop_stage(stage)
+                inode.stage = None
+                if wait:
+                    # fsync(): the kernel holds the inode's lock until we answer, and
+                    # invalidating needs it, so it runs after the answer.
+                    self._invalidate(inode)
+                else:
+                    await self._invalidate_now(inode)  # a reread must not see the draft
+                raise err
+            info = dict(ctx_info)
+            if findings:
+                info["warnings"] = [
+                    {"gate": f.gate, "message": f.message, **f.details} for f in findings
+                ]
+            commit = Commit(path, stage, intended, size, info, owner=inode)
             inode.pending = commit
             try:
                 await self.ws.submit(commit, wait)
@@ -793,7 +823,7 @@ class Operations(pyfuse3.Operations):
         node = self.control.get(inode)
         if node is not None:
             assert isinstance(node, CDir)
-            return self._fh(DirHandle(None, sorted(node.children)))
+            return self._fh(DirHandle(None, sorted(node.children), node=node))
         i = self._inode(inode)
         fd = os.open(
             rel(i.path),
@@ -817,11 +847,12 @@ class Operations(pyfuse3.Operations):
         assert isinstance(h, DirHandle)
         for idx in range(start_id, len(h.entries)):
             name = h.entries[idx]
-            if h.inode is None:
-                node = self.control.root.children[name]
+            if h.node is not None:
+                node = h.node.children[name]
                 if not pyfuse3.readdir_reply(token, name, self._control_attr(node), idx + 1):
                     return
                 continue
+            assert h.inode is not None
             if h.inode.ino == ROOT and name == b".rw":
                 if not pyfuse3.readdir_reply(
                     token, name, self._control_attr(self.control.root), idx + 1

@@ -50,12 +50,37 @@ commit_interval_ms = 500
 # Files larger than this are written in place, unjournaled.
 max_journaled_bytes = 268435456
 
+# How many times the same refused bytes may be written to the same path before the
+# refusal tells the writer to change strategy rather than retry.
+retry_budget = 3
+
 # Paths written in place, unjournaled (.gitignore syntax; a glob not starting with "/"
 # matches at any depth).
 passthrough = [
 """
     + "".join(f'    "{g}",\n' for g in DEFAULT_PASSTHROUGH)
     + "]\n"
+    + """
+# Gates refuse a write that would break a file (docs/gates.md). Each has an action,
+# "reject", "warn" (recorded, the write proceeds) or "off", and its thresholds.
+[gates.truncation]
+action = "reject"
+min_lines = 20
+min_ratio = 0.3
+
+[gates.elision]
+action = "reject"
+min_lines = 10
+
+[gates.syntax]
+action = "reject"
+
+# Per-path actions, e.g. for deliberately broken test fixtures:
+# [[gates.override]]
+# paths = ["tests/fixtures/**"]
+# syntax = "off"
+# truncation = "warn"
+"""
 )
 
 try:  # pathspec ≥ 1.0 names the .gitignore dialect "gitignore"; older releases "gitwildmatch"
@@ -69,7 +94,61 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "commit_interval_ms": int,
     "max_journaled_bytes": int,
     "passthrough": list,
+    "retry_budget": int,
+    "gates": dict,
 }
+
+# The gates' defaults (SPEC §4.1): the action, then each threshold with its type.
+GATE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "truncation": {"action": "reject", "min_lines": 20, "min_ratio": 0.3},
+    "elision": {"action": "reject", "min_lines": 10},
+    "syntax": {"action": "reject"},
+}
+ACTIONS = ("reject", "warn", "off")
+
+
+def _globs(globs: list[str]) -> pathspec.PathSpec:
+    anchored = [g if g.startswith(("/", "**/", "!")) else "**/" + g for g in globs]
+    return pathspec.PathSpec.from_lines(_DIALECT, anchored)
+
+
+def _check_gates(raw: Any) -> None:
+    """Validate the ``[gates]`` table: per-gate settings and ``[[gates.override]]``."""
+    for name, value in raw.items():
+        if name == "override":
+            if not isinstance(value, list):
+                raise PolicyError("gates.override must be an array of tables ([[gates.override]])")
+            for n, rule in enumerate(value, 1):
+                if not isinstance(rule, dict) or "paths" not in rule:
+                    raise PolicyError(f"gates.override #{n} needs paths = [globs]")
+                paths = rule["paths"]
+                if not isinstance(paths, list) or not all(isinstance(g, str) and g for g in paths):
+                    raise PolicyError(f"gates.override #{n}: paths must be a list of globs")
+                for gate, action in rule.items():
+                    if gate == "paths":
+                        continue
+                    if gate not in GATE_DEFAULTS:
+                        raise PolicyError(f"gates.override #{n}: unknown gate {gate!r}")
+                    if action not in ACTIONS:
+                        raise PolicyError(
+                            f"gates.override #{n}: {gate} must be one of {', '.join(ACTIONS)}"
+                        )
+            continue
+        defaults = GATE_DEFAULTS.get(name)
+        if defaults is None:
+            raise PolicyError(f"unknown gate {name!r}; gates: {', '.join(GATE_DEFAULTS)}")
+        if not isinstance(value, dict):
+            raise PolicyError(f"gates.{name} must be a table")
+        for key, setting in value.items():
+            if key not in defaults:
+                raise PolicyError(
+                    f"gates.{name} has no setting {key!r}; it has: {', '.join(defaults)}"
+                )
+            if key == "action":
+                if setting not in ACTIONS:
+                    raise PolicyError(f"gates.{name}.action must be one of {', '.join(ACTIONS)}")
+            elif isinstance(setting, bool) or not isinstance(setting, int | float) or setting < 0:
+                raise PolicyError(f"gates.{name}.{key} must be a number ≥ 0")
 
 
 class PolicyError(ValueError):
@@ -82,12 +161,31 @@ class Policy:
     commit_interval_ms: int = 500
     max_journaled_bytes: int = 256 << 20
     passthrough: list[str] = field(default_factory=lambda: list(DEFAULT_PASSTHROUGH))
+    retry_budget: int = 3
+    gates: dict[str, Any] = field(default_factory=dict)
     text: str = DEFAULT_TEXT
 
     def __post_init__(self) -> None:
-        anchored = [g if g.startswith(("/", "**/", "!")) else "**/" + g for g in self.passthrough]
-        self._spec = pathspec.PathSpec.from_lines(_DIALECT, anchored)
+        self._spec = _globs(self.passthrough)
         self._memo: dict[tuple[bytes, bool], bool] = {}  # glob matching is regex work
+        self._gate_base = {
+            gate: {**defaults, **self.gates.get(gate, {})}
+            for gate, defaults in GATE_DEFAULTS.items()
+        }
+        self._overrides = [
+            (_globs(rule["paths"]), {k: v for k, v in rule.items() if k != "paths"})
+            for rule in self.gates.get("override", [])
+        ]
+
+    def gate(self, gate: str, path: bytes) -> dict[str, Any]:
+        """A gate's settings for ``path``: the defaults, the [gates.NAME] table, then the
+        action of the last [[gates.override]] whose paths match."""
+        cfg = self._gate_base[gate]
+        text = path.decode("utf-8", "surrogateescape")
+        for spec, actions in self._overrides:
+            if gate in actions and spec.match_file(text):
+                cfg = {**cfg, "action": actions[gate]}
+        return cfg
 
     def is_passthrough(self, path: bytes, is_dir: bool = False) -> bool:
         """True if ``path`` (relative, bytes) is written in place without journaling."""
@@ -118,6 +216,9 @@ class Policy:
             raise PolicyError("commit_interval_ms must be between 1 and 60000")
         if raw.get("max_journaled_bytes", 1) < 1:
             raise PolicyError("max_journaled_bytes must be positive")
+        if raw.get("retry_budget", 3) < 0:
+            raise PolicyError("retry_budget must be 0 or more")
+        _check_gates(raw.get("gates", {}))
         globs = raw.get("passthrough", DEFAULT_PASSTHROUGH)
         if not all(isinstance(g, str) and g.strip() for g in globs):
             raise PolicyError("passthrough must be a list of non-empty glob strings")

@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 import stat
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any
 
 import trio
 
-from . import faults
+from . import faults, gates
 from .intents import IntentLog
 from .objects import ObjectStore, copy_fd, digest_fd
 from .policy import Policy
@@ -147,6 +148,7 @@ class Workspace:
         self._flush_lock = trio.Lock()
         self._closing = False
         self._inflight: list[Commit | Event] = []
+        self._budget: dict[tuple[bytes, str], int] = {}  # retries left per (path, refused bytes)
         self.journal_ok = True
         self.on_committed: Callable[[Commit], None] = lambda c: None
         self.live = {"commits": 0, "noops": 0, "refusals": 0, "conflicts": 0, "groups": 0}
@@ -246,6 +248,75 @@ class Workspace:
     async def seal(self, stage: Stage) -> tuple[str, int]:
         # atomic: the caller set stage.sealed before this await, so no write can slip in.
         return await trio.to_thread.run_sync(digest_fd, stage.fd, limiter=_LIMIT)
+
+    # ---- gates ----
+
+    async def run_gates(self, path: bytes, base_fd: int, stage: Stage) -> list[gates.Finding]:
+        """The gates' findings on a sealed stage against the bytes it was based on."""
+        return await trio.to_thread.run_sync(
+            self._run_gates, path, base_fd, stage.fd, limiter=_LIMIT
+        )
+
+    def _run_gates(self, path: bytes, base_fd: int, stage_fd: int) -> list[gates.Finding]:
+        limit = gates.MAX_GATED_BYTES + 1
+        old, new = os.pread(base_fd, limit, 0), os.pread(stage_fd, limit, 0)
+        return gates.check(path, old, new, self.policy.gate)
+
+    async def refuse(
+        self,
+        path: bytes,
+        stage: Stage,
+        intended: str,
+        findings: list[gates.Finding],
+        info: dict[str, Any],
+    ) -> RwfsError:
+        """Keep a refused draft, journal the refusal, and say so to the writer (SPEC §4.2-4.3)."""
+        await trio.to_thread.run_sync(self.objects.keep_fd_copy, stage.fd, intended, limiter=_LIMIT)
+        key = (path, intended)
+        left = max(self._budget.get(key, self.policy.retry_budget + 1) - 1, 0)
+        self._budget[key] = left
+        if len(self._budget) > 10_000:
+            self._budget.clear()
+        first = next(f for f in findings if f.action == "reject")
+        draft_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + intended[7:15]
+        draft = f".rw/rejected/{draft_id}"
+        name = fsdecode(path)
+        self.record(
+            {
+                "op": "refuse",
+                "path": name,
+                "batch": None,
+                "gate": first.gate,
+                "expected": stage.expected,
+                "intended": intended,
+                "draft": draft_id,
+                "retry_budget": left,
+                **{k: info[k] for k in ("pid", "comm", "uid") if k in info},
+            }
+        )
+        if left > 0:
+            todo = f"read {name} again and re-apply your edit in full; your draft is at {draft}"
+        else:
+            todo = (
+                "this same text has been refused before, so change strategy (for example, "
+                f"write the complete file or a smaller edit) instead of retrying; your draft is at {draft}"
+            )
+        return RwfsError(
+            errno.EBADMSG,
+            "blocked",
+            first.gate,
+            f"Your write to {name} was refused because {first.message}; the file is unchanged "
+            f"from before your edit: {todo}.",
+            path=name,
+            suggested_action=todo,
+            retry_budget=left,
+            draft=draft,
+            expected=stage.expected,
+            intended=intended,
+            details={**first.details, "gates": [f.gate for f in findings]},
+            lsn=None,
+            batch=None,
+        )
 
     async def submit(self, commit: Commit, wait: bool) -> Commit:
         """Queue a sealed commit; in strict mode (or ``wait``) return once it is durable."""
@@ -567,6 +638,9 @@ def record_commit(txn: Any, c: Commit) -> None:
         "size": c.size,
         **{k: c.info[k] for k in ("pid", "comm", "uid") if k in c.info},
     }
+    if c.info.get("warnings"):
+        ev["warnings"] = c.info["warnings"]
+        txn.bump("warnings")
     if c.outcome == "conflict":
         ev["actual"] = c.info.get("actual")
     if c.info.get("recovered"):
@@ -614,8 +688,10 @@ def record_event(txn: Any, ev: dict[str, Any]) -> int:
         receipt = txn.receipt(rid)
         ev["batch"] = f"auto-{rid}"
     lsn: int = txn.append_event(ev)
-    if ev.get("expected"):
+    if ev.get("expected") and op in ("unlink", "rename"):  # the removed bytes were kept
         txn.add_object(ev["expected"], ev.get("size", 0), lsn)
+    if op == "refuse":  # the refused draft is kept
+        txn.add_object(ev["intended"], 0, lsn)
     if op == "unlink":
         txn.set_path(path, None, lsn)
     elif op == "rename":
@@ -632,8 +708,9 @@ def record_event(txn: Any, ev: dict[str, Any]) -> int:
         receipt.update(state="committed", lsn=lsn, batch=ev["batch"])
         txn.put_receipt(receipt)
         txn.bump("commits")
-    if op == "noop":
-        txn.bump("noops")
+    counter = {"noop": "noops", "refuse": "refusals"}.get(op)
+    if counter:
+        txn.bump(counter)
     return lsn
 
 

@@ -1,0 +1,234 @@
+"""Gates: checks that refuse a write that would break a file (SPEC §4).
+
+Each gate looks at the previous bytes of a file and the sealed new bytes and returns a
+``Finding`` or None. ``check`` runs the gates in the order of SPEC §4.1 and gives each
+finding the action the policy sets for that gate and path (``reject``, ``warn``, ``off``).
+Pure functions over bytes: no FUSE, no I/O; the caller runs them in a worker thread.
+
+A new file (no previous bytes) is never refused: there is nothing it could have broken.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import tomllib
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+# Gates read at most this much of a file; larger files are left alone (their content is
+# not what a model writes by hand, and reading them would slow every commit).
+MAX_GATED_BYTES = 8 << 20
+
+
+@dataclass
+class Finding:
+    gate: str
+    message: str  # what the gate saw, in plain words
+    details: dict[str, Any] = field(default_factory=dict)
+    action: str = "reject"
+
+
+# ---- truncation ----
+
+
+def truncation(old: bytes, new: bytes, cfg: dict[str, Any]) -> Finding | None:
+    """The new bytes are the old ones cut short: the old file's tail is gone."""
+    if len(new) >= len(old) or not old.startswith(new):
+        return None
+    old_lines = old.count(b"\n") + (not old.endswith(b"\n"))
+    lost = old[len(new) :]
+    lost_lines = lost.count(b"\n") + (not lost.endswith(b"\n"))
+    if lost_lines <= cfg["min_lines"] or lost_lines / max(old_lines, 1) <= cfg["min_ratio"]:
+        return None
+    kept = new.count(b"\n") + 1
+    return Finding(
+        "truncation",
+        f"the new text is the old text cut off after line {kept - 1}: its last "
+        f"{lost_lines} of {old_lines} lines are gone",
+        {"line": kept, "lines_lost": lost_lines, "lines_before": old_lines},
+    )
+
+
+# ---- elision ----
+
+# Words that say "the code that stood here is left out". A placeholder line is a comment
+# (or a bare line) whose whole text, once ellipses and brackets are stripped, is such words.
+_SUFFIX = rb"(?:\s+(?:is\s+|are\s+|remains?\s+|stays?\s+)?(?:unchanged|the\s+same|as\s+before|omitted|elided|here|not\s+shown))?"
+_ELIDED = re.compile(
+    rb"(?i)(?:"
+    rb"(?:the\s+)?(?:rest|remainder)\s+of\s+(?:the\s+)?(?:file|code|class|function|method|module|implementation|body|content|tests?)s?"
+    + _SUFFIX
+    + rb"|(?:existing|previous|original|remaining|other|unchanged|more)\s+(?:code|content|implementation|methods|functions|lines|imports|tests|logic|fields|properties|cases|handlers|routes)"
+    + _SUFFIX
+    + rb"|(?:code|content|implementation|rest|everything(?:\s+else)?)\s+(?:is\s+|remains\s+|stays\s+)?(?:unchanged|the\s+same|as\s+before|omitted|elided|not\s+shown)"
+    + rb"|unchanged|omitted|elided|truncated|same\s+as\s+(?:before|above|original)"
+    + rb"|keep\s+(?:the\s+)?(?:existing|rest)(?:\s+\w+)?"
+    + rb")"
+)
+_COMMENT = re.compile(rb"^\s*(?:#+|//+|/\*+|<!--|--|;+|\*)(.*?)(?:\*/|-->)?\s*$")
+_AROUND = b" \t.:;,()[]{}\xe2\x80\xa6"  # blanks, dots, brackets, the ellipsis character
+
+
+def _placeholder(line: bytes) -> bool:
+    m = _COMMENT.match(line)
+    text = (m.group(1) if m else line).strip(_AROUND)
+    return bool(text) and _ELIDED.fullmatch(text) is not None
+
+
+def elision(old: bytes, new: bytes, cfg: dict[str, Any]) -> Finding | None:
+    """Placeholder lines stand where many lines of the old file were removed."""
+    old_lines = old.splitlines()
+    new_lines = new.splitlines()
+    old_set = set(old_lines)
+    markers = [
+        (n, line)
+        for n, line in enumerate(new_lines, 1)
+        if line not in old_set and _placeholder(line)
+    ]
+    if not markers:
+        return None
+    removed = sum((Counter(old_lines) - Counter(new_lines)).values())
+    if removed < cfg["min_lines"]:
+        return None
+    line, text = markers[0]
+    return Finding(
+        "elision",
+        f"line {line} ({text.decode(errors='replace').strip()[:60]!r}) stands for code that "
+        f"was left out: {removed} lines of the old file are gone",
+        {"line": line, "lines_removed": removed, "placeholders": len(markers)},
+    )
+
+
+# ---- syntax ----
+
+
+def _python(data: bytes) -> tuple[int, str] | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. invalid escape sequences: not errors
+            ast.parse(data)
+    except SyntaxError as exc:
+        return exc.lineno or 0, exc.msg
+    except ValueError as exc:  # null bytes
+        return 0, str(exc)
+    return None
+
+
+def _json(data: bytes) -> tuple[int, str] | None:
+    try:
+        json.loads(data)
+    except UnicodeDecodeError as exc:
+        return 0, str(exc)
+    except json.JSONDecodeError as exc:
+        return exc.lineno, exc.msg
+    return None
+
+
+def _toml(data: bytes) -> tuple[int, str] | None:
+    try:
+        tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return 0, str(exc)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        return (int(m.group(1)) if m else 0), str(exc).split(" (at ")[0]
+    return None
+
+
+def _yaml(data: bytes) -> tuple[int, str] | None:
+    try:
+        for _ in yaml.safe_load_all(data):
+            pass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        return (mark.line + 1 if mark else 0), str(exc.problem or exc)
+    except yaml.YAMLError as exc:
+        return 0, str(exc)
+    return None
+
+
+PARSERS: dict[str, Callable[[bytes], tuple[int, str] | None]] = {
+    "python": _python,
+    "json": _json,
+    "toml": _toml,
+    "yaml": _yaml,
+}
+_SUFFIXES = {
+    ".py": "python",
+    ".pyi": "python",
+    ".json": "json",
+    ".toml": "toml",
+    ".yaml": "yaml",
+    ".yml": "yaml",
+}
+
+
+def language(path: bytes) -> str | None:
+    """The format of a file, from its name (None: not a format rwfs can parse)."""
+    name = path.rsplit(b"/", 1)[-1].decode("utf-8", "replace").lower()
+    dot = name.rfind(".")
+    return _SUFFIXES.get(name[dot:]) if dot > 0 else None
+
+
+def parse_errors(path: bytes, data: bytes) -> tuple[str | None, list[dict[str, Any]]]:
+    """(format, errors) of a file's bytes: errors is empty when it parses."""
+    lang = language(path)
+    if lang is None:
+        return None, []
+    err = PARSERS[lang](data)
+    return lang, ([] if err is None else [{"line": err[0], "message": err[1]}])
+
+
+def syntax(path: bytes, old: bytes, new: bytes) -> Finding | None:
+    """A regression: the old version parsed and the new one does not."""
+    lang, errors = parse_errors(path, new)
+    if not errors:
+        return None
+    if parse_errors(path, old)[1]:
+        return None  # it was broken already: not this write's doing
+    err = errors[0]
+    return Finding(
+        "syntax",
+        f"the new {lang} does not parse (line {err['line']}: {err['message']}), "
+        "while the previous version did",
+        {"format": lang, **err},
+    )
+
+
+# ---- running them ----
+
+GATES = ("truncation", "elision", "syntax")
+
+
+def check(
+    path: bytes, old: bytes, new: bytes, config: Callable[[str, bytes], dict[str, Any]]
+) -> list[Finding]:
+    """Every finding of every gate that is not ``off`` for ``path``, in gate order.
+
+    ``config(gate, path)`` gives the gate's settings for this path (``action`` and its
+    thresholds), after per-path overrides.
+    """
+    if not old or len(old) > MAX_GATED_BYTES or len(new) > MAX_GATED_BYTES:
+        return []
+    out = []
+    for gate in GATES:
+        cfg = config(gate, path)
+        if cfg["action"] == "off":
+            continue
+        if gate == "truncation":
+            found = truncation(old, new, cfg)
+        elif gate == "elision":
+            found = elision(old, new, cfg)
+        else:
+            found = syntax(path, old, new)
+        if found is not None:
+            found.action = cfg["action"]
+            out.append(found)
+    return out

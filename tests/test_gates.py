@@ -1,0 +1,221 @@
+"""Gates through a real mount (SPEC §4): a write that breaks a file is refused at close()
+with EBADMSG, the file keeps its old bytes, and the draft and the reason are under .rw/.
+The files are real ones (this Python's standard library), broken the way models break them.
+"""
+
+from __future__ import annotations
+
+import errno
+import inspect
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import Mount, check_clean, prepare_state
+
+from rwfs.policy import DEFAULT_TEXT
+
+REAL = inspect.getsource(json.decoder)  # a real module of a few hundred lines
+
+
+def write(path: Path, data: str) -> OSError | None:
+    try:
+        with open(path, "w") as f:
+            f.write(data)
+    except OSError as exc:
+        return exc
+    return None
+
+
+def envelope(m: Mount) -> dict:
+    return json.loads((m.path / ".rw" / "last-error").read_text())
+
+
+def events(m: Mount, op: str) -> list[dict]:
+    (m.path / ".rw" / "ctl").write_text("sync\n")
+    lines = (m.path / ".rw" / "journal").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["op"] == op]
+
+
+@pytest.fixture
+def real(mount: Mount) -> Path:
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    return f
+
+
+def test_syntax_error_is_refused_and_the_old_file_kept(mount: Mount, real: Path) -> None:
+    broken = REAL.replace("def _decode_uXXXX(s, pos", "def _decode_uXXXX(s, pos:", 1)
+    err = write(real, broken)
+    assert err is not None and err.errno == errno.EBADMSG
+    assert real.read_text() == REAL
+    env = envelope(mount)
+    assert env["ok"] is False and env["error"] == "blocked" and env["errno"] == "EBADMSG"
+    assert env["reason_hint"] == "syntax" and env["path"] == "decoder.py"
+    assert env["details"]["line"] > 0 and env["retry_budget"] == 3  # retries left
+    assert "unchanged" in env["message"] and env["draft"] in env["message"]
+    # The draft is never lost, and why/<path> holds the same envelope.
+    assert (mount.path / env["draft"]).read_text() == broken
+    assert json.loads((mount.path / ".rw" / "why" / "decoder.py").read_text()) == env
+    refusals = events(mount, "refuse")
+    assert [(e["gate"], e["path"]) for e in refusals] == [("syntax", "decoder.py")]
+    assert json.loads((mount.path / ".rw" / "status").read_text())["counts"]["refusals"] == 1
+
+
+def test_truncated_file_is_refused(mount: Mount, real: Path) -> None:
+    cut = REAL[: len(REAL) // 2].rsplit("\n", 1)[0] + "\n"
+    err = write(real, cut)
+    assert err is not None and err.errno == errno.EBADMSG
+    assert envelope(mount)["reason_hint"] == "truncation"
+    assert real.read_text() == REAL
+
+
+def test_elided_middle_is_refused(mount: Mount, real: Path) -> None:
+    lines = REAL.splitlines(True)
+    elided = "".join(lines[:30] + ["    # ... rest of the code unchanged ...\n"] + lines[-10:])
+    err = write(real, elided)
+    assert err is not None and err.errno == errno.EBADMSG
+    env = envelope(mount)
+    assert env["reason_hint"] in ("elision", "syntax") and "elision" in env["details"]["gates"]
+    assert real.read_text() == REAL
+
+
+def test_good_edits_new_files_and_deliberate_deletions_pass(mount: Mount, real: Path) -> None:
+    edited = REAL.replace("def JSONArray(", "# ... see the JSON spec for arrays\ndef JSONArray(", 1)
+    assert write(real, edited) is None and real.read_text() == edited
+    start = edited.index("\ndef JSONObject(")
+    end = edited.index("\ndef ", start + 1)
+    fewer = edited[:start] + edited[end:]  # a whole function deleted on purpose
+    assert write(real, fewer) is None and real.read_text() == fewer
+    assert write(mount.path / "new_broken.py", "def f(:\n") is None  # nothing to break
+    assert write(mount.path / "new_broken.py", "def g(:\n") is None  # it was broken already
+    (mount.path / "decoder.py").unlink()  # deleting a file is no truncation
+    assert events(mount, "refuse") == []
+
+
+@pytest.mark.parametrize(
+    ("name", "good", "bad"),
+    [
+        (
+            "conf.json",
+            '{"a": [1, 2, 3], "b": {"c": true}}\n',
+            '{"a": [1, 2, 3], "b": {"c": true}\n',
+        ),
+        ("pyproject.toml", '[project]\nname = "x"\nversion = "1"\n', '[project\nname = "x"\n'),
+        ("ci.yml", "jobs:\n  test:\n    steps: [a, b]\n", "jobs:\n  test:\n    steps: [a, b\n"),
+    ],
+)
+def test_data_formats_refuse_a_regression(mount: Mount, name: str, good: str, bad: str) -> None:
+    f = mount.path / name
+    assert write(f, good) is None
+    err = write(f, bad)
+    assert err is not None and err.errno == errno.EBADMSG
+    assert f.read_text() == good
+    assert envelope(mount)["details"]["format"] in ("json", "toml", "yaml")
+
+
+def test_retry_budget_counts_down_for_the_same_draft(mount: Mount, real: Path) -> None:
+    broken = REAL + "\ndef broken(:\n"
+    budgets = []
+    for _ in range(4):
+        assert write(real, broken) is not None
+        budgets.append(envelope(mount)["retry_budget"])
+    assert budgets == [3, 2, 1, 0]
+    assert "change strategy" in envelope(mount)["message"]
+    assert write(real, REAL + "\ndef other(:\n") is not None
+    assert envelope(mount)["retry_budget"] == 3  # another draft has its own budget
+
+
+def test_fsync_reports_the_refusal(mount: Mount, real: Path) -> None:
+    fd = os.open(real, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, b"def f(:\n" + REAL.encode())
+        with pytest.raises(OSError) as err:
+            os.fsync(fd)
+        assert err.value.errno == errno.EBADMSG
+    finally:
+        os.close(fd)
+    assert real.read_text() == REAL
+
+
+def test_a_shell_redirect_is_refused_silently_but_visible_under_rw(
+    mount: Mount, real: Path
+) -> None:
+    # bash ignores close() errors of a builtin's redirection: the file and .rw/ tell.
+    subprocess.run(["bash", "-c", f"printf 'def f(:\\n' > '{real}'"], check=True)
+    assert real.read_text() == REAL
+    assert envelope(mount)["reason_hint"] == "syntax"
+
+
+def test_many_writers_refused_at_once(mount: Mount) -> None:
+    files = [mount.path / f"m{i}.py" for i in range(12)]
+    for f in files:
+        f.write_text(REAL)
+    errors: list[int] = []
+
+    def breaker(f: Path) -> None:
+        err = write(f, REAL.replace("import re", "import re(", 1))
+        errors.append(err.errno if err else 0)
+
+    threads = [threading.Thread(target=breaker, args=(f,)) for f in files]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [errno.EBADMSG] * len(files)
+    assert all(f.read_text() == REAL for f in files)
+    assert len(os.listdir(mount.path / ".rw" / "rejected")) >= 1  # identical drafts share one
+    assert len(events(mount, "refuse")) == len(files)
+
+
+def test_warn_policy_lets_the_write_through_and_records_it(workspace: Path) -> None:
+    prepare_state(
+        workspace,
+        DEFAULT_TEXT.replace(
+            '[gates.syntax]\naction = "reject"', '[gates.syntax]\naction = "warn"'
+        ),
+    )
+    (workspace / "a.py").write_text(REAL)
+    m = Mount(workspace).start()
+    try:
+        assert write(m.path / "a.py", REAL + "\ndef f(:\n") is None
+        writes = [e for e in events(m, "write") if e["path"] == "a.py"]
+        assert writes[-1]["warnings"][0]["gate"] == "syntax"
+        assert json.loads((m.path / ".rw" / "status").read_text())["counts"]["warnings"] == 1
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_override_turns_gates_off_for_fixtures(workspace: Path) -> None:
+    policy = DEFAULT_TEXT + '\n[[gates.override]]\npaths = ["tests/fixtures/**"]\nsyntax = "off"\n'
+    prepare_state(workspace, policy)
+    (workspace / "tests" / "fixtures").mkdir(parents=True)
+    (workspace / "tests" / "fixtures" / "x.py").write_text(REAL)
+    (workspace / "y.py").write_text(REAL)
+    m = Mount(workspace).start()
+    try:
+        assert write(m.path / "tests" / "fixtures" / "x.py", "def f(:\n" + REAL) is None
+        assert write(m.path / "y.py", "def f(:\n" + REAL) is not None
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_refused_drafts_stay_listed_after_remount(workspace: Path) -> None:
+    (workspace / "a.py").write_text(REAL)
+    m = Mount(workspace).start()
+    try:
+        assert write(m.path / "a.py", REAL + "\ndef f(:\n") is not None
+        draft = envelope(m)["draft"]
+    finally:
+        m.stop()
+    m = Mount(workspace).start()
+    try:
+        assert (m.path / draft).read_text() == REAL + "\ndef f(:\n"
+    finally:
+        m.stop()
+    check_clean(m)
