@@ -374,7 +374,10 @@ class Operations(pyfuse3.Operations):
                 )
                 self.ws.live["noops"] += 1
                 return
-            findings = await self.ws.run_gates(path, inode.fd, stage)
+            # A new (empty) file has nothing a write could break: no gate to run.
+            findings = []
+            if stage.expected != EMPTY_DIGEST:
+                findings = await self.ws.run_gates(path, inode.fd, stage)
             if any(f.action == "reject" for f in findings):
                 # Refused: the draft is kept, the stage goes, the file reads as before.
                 err = await self.ws.refuse(path, stage, intended, findings, ctx_info)
