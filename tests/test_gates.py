@@ -219,3 +219,20 @@ def test_refused_drafts_stay_listed_after_remount(workspace: Path) -> None:
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_a_refusal_inside_write_temp_then_rename_fails_the_rename(mount: Mount, real: Path) -> None:
+    tmp = mount.path / ".decoder.py.swp-new"
+    tmp.write_text(REAL.replace("import re", "import re(", 1))
+    with pytest.raises(OSError) as err:
+        os.replace(tmp, real)
+    assert err.value.errno == errno.EBADMSG
+    assert real.read_text() == REAL  # the target keeps its bytes
+    assert tmp.exists()  # and the temp file is still there
+    env = envelope(mount)
+    assert env["path"] == "decoder.py" and env["reason_hint"] == "syntax"
+    assert (mount.path / env["draft"]).read_text() == tmp.read_text()
+    good = mount.path / "decoder.new"
+    good.write_text(REAL.replace("import re", "import re  # regular expressions", 1))
+    os.replace(good, real)  # a good save through a rename passes
+    assert "regular expressions" in real.read_text()

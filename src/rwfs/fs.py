@@ -377,10 +377,12 @@ class Operations(pyfuse3.Operations):
             # A new (empty) file has nothing a write could break: no gate to run.
             findings = []
             if stage.expected != EMPTY_DIGEST:
-                findings = await self.ws.run_gates(path, inode.fd, stage)
+                findings = await self.ws.run_gates(path, inode.fd, stage.fd)
             if any(f.action == "reject" for f in findings):
                 # Refused: the draft is kept, the stage goes, the file reads as before.
-                err = await self.ws.refuse(path, stage, intended, findings, ctx_info)
+                err = await self.ws.refuse(
+                    path, stage.fd, stage.expected, intended, findings, ctx_info
+                )
                 self.ws.drop_stage(stage)
                 inode.stage = None
                 if wait:
@@ -640,6 +642,15 @@ class Operations(pyfuse3.Operations):
             dst, None if dst_linked else dst_st, is_dir
         )
         exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
+        if (
+            journaled
+            and not flags
+            and dst_st is not None
+            and stat.S_ISREG(dst_st.st_mode)
+            and stat.S_ISREG(sst.st_mode)
+            and not (linked or dst_linked)
+        ):
+            await self._gate_rename(src, dst, ctx)
         incoming = None
         if (
             journaled
@@ -682,6 +693,25 @@ class Operations(pyfuse3.Operations):
                 if gone is not None and dst_st.st_nlink == 1 and not stat.S_ISDIR(dst_st.st_mode):
                     self.inodes.orphan(gone)
             self.inodes.move(src, dst)
+
+    async def _gate_rename(self, src: bytes, dst: bytes, ctx: Any) -> None:
+        """A rename onto a journaled file is a commit of it: the gates see the moved bytes,
+        and a refusal fails the rename() with both files as they were."""
+        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        new_fd = os.open(src, how, dir_fd=self.ws.root_fd)
+        try:
+            old_fd = os.open(dst, how, dir_fd=self.ws.root_fd)
+            try:
+                findings = await self.ws.run_gates(dst, old_fd, new_fd)
+                if any(f.action == "reject" for f in findings):
+                    expected, intended = await self.ws.digest(old_fd), await self.ws.digest(new_fd)
+                    raise await self.ws.refuse(
+                        dst, new_fd, expected, intended, findings, self._who(ctx)
+                    )
+            finally:
+                os.close(old_fd)
+        finally:
+            os.close(new_fd)
 
     # ---- files ----
 

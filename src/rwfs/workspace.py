@@ -251,11 +251,10 @@ class Workspace:
 
     # ---- gates ----
 
-    async def run_gates(self, path: bytes, base_fd: int, stage: Stage) -> list[gates.Finding]:
-        """The gates' findings on a sealed stage against the bytes it was based on."""
-        return await trio.to_thread.run_sync(
-            self._run_gates, path, base_fd, stage.fd, limiter=_LIMIT
-        )
+    async def run_gates(self, path: bytes, base_fd: int, new_fd: int) -> list[gates.Finding]:
+        """The gates' findings on new bytes (a sealed stage, a file renamed onto ``path``)
+        against the bytes they replace."""
+        return await trio.to_thread.run_sync(self._run_gates, path, base_fd, new_fd, limiter=_LIMIT)
 
     def _run_gates(self, path: bytes, base_fd: int, stage_fd: int) -> list[gates.Finding]:
         limit = gates.MAX_GATED_BYTES + 1
@@ -265,13 +264,14 @@ class Workspace:
     async def refuse(
         self,
         path: bytes,
-        stage: Stage,
+        draft_fd: int,
+        expected: str | None,
         intended: str,
         findings: list[gates.Finding],
         info: dict[str, Any],
     ) -> RwfsError:
         """Keep a refused draft, journal the refusal, and say so to the writer (SPEC §4.2-4.3)."""
-        await trio.to_thread.run_sync(self.objects.keep_fd_copy, stage.fd, intended, limiter=_LIMIT)
+        await trio.to_thread.run_sync(self.objects.keep_fd_copy, draft_fd, intended, limiter=_LIMIT)
         key = (path, intended)
         left = max(self._budget.get(key, self.policy.retry_budget + 1) - 1, 0)
         self._budget[key] = left
@@ -287,7 +287,7 @@ class Workspace:
                 "path": name,
                 "batch": None,
                 "gate": first.gate,
-                "expected": stage.expected,
+                "expected": expected,
                 "intended": intended,
                 "draft": draft_id,
                 "retry_budget": left,
@@ -311,12 +311,16 @@ class Workspace:
             suggested_action=todo,
             retry_budget=left,
             draft=draft,
-            expected=stage.expected,
+            expected=expected,
             intended=intended,
             details={**first.details, "gates": [f.gate for f in findings]},
             lsn=None,
             batch=None,
         )
+
+    async def digest(self, fd: int) -> str:
+        """A file's digest (from the cache when its stat is unchanged), off the loop."""
+        return await trio.to_thread.run_sync(self.digest_of_fd, fd, limiter=_LIMIT)
 
     async def submit(self, commit: Commit, wait: bool) -> Commit:
         """Queue a sealed commit; in strict mode (or ``wait``) return once it is durable."""
