@@ -236,3 +236,83 @@ def test_a_refusal_inside_write_temp_then_rename_fails_the_rename(mount: Mount, 
     good.write_text(REAL.replace("import re", "import re  # regular expressions", 1))
     os.replace(good, real)  # a good save through a rename passes
     assert "regular expressions" in real.read_text()
+
+
+# Small but real-shaped programs per tree-sitter language, and the way models break them:
+# a closing brace, paren or keyword dropped.
+SOURCES = {
+    "app.js": (
+        "import { readFile } from 'node:fs/promises';\n\n"
+        "export async function load(path) {\n  const text = await readFile(path, 'utf8');\n"
+        "  return text.split('\\n').filter((line) => line.trim() !== '');\n}\n\n"
+        "export const double = (xs) => xs.map((x) => x * 2);\n",
+        ("filter((line) => line.trim() !== '')", "filter((line) => line.trim() !== ''"),
+    ),
+    "types.ts": (
+        "export interface User {\n  id: number;\n  name: string;\n}\n\n"
+        "export function greet(u: User): string {\n  return `hello ${u.name}`;\n}\n",
+        ("  name: string;\n}", "  name: string;\n"),
+    ),
+    "View.tsx": (
+        "import React from 'react';\n\nexport function View({ items }: { items: string[] }) {\n"
+        "  return (\n    <ul>\n      {items.map((i) => (\n        <li key={i}>{i}</li>\n"
+        "      ))}\n    </ul>\n  );\n}\n",
+        ("      ))}\n", "      )}\n"),
+    ),
+    "Main.java": (
+        "package demo;\n\nimport java.util.List;\n\npublic class Main {\n"
+        "    static int sum(List<Integer> xs) {\n        int s = 0;\n"
+        "        for (int x : xs) { s += x; }\n        return s;\n    }\n}\n",
+        ("for (int x : xs) { s += x; }", "for (int x : xs) { s += x; "),
+    ),
+    "main.go": (
+        'package main\n\nimport "fmt"\n\nfunc sum(xs []int) int {\n\ts := 0\n'
+        "\tfor _, x := range xs {\n\t\ts += x\n\t}\n\treturn s\n}\n\n"
+        "func main() {\n\tfmt.Println(sum([]int{1, 2, 3}))\n}\n",
+        ("\t\ts += x\n\t}\n", "\t\ts += x\n"),
+    ),
+    "lib.rs": (
+        "pub fn sum(xs: &[i64]) -> i64 {\n    xs.iter().copied().sum()\n}\n\n"
+        "#[cfg(test)]\nmod tests {\n    #[test]\n    fn sums() {\n"
+        "        assert_eq!(super::sum(&[1, 2]), 3);\n    }\n}\n",
+        ("assert_eq!(super::sum(&[1, 2]), 3);", "assert_eq!(super::sum(&[1, 2], 3);"),
+    ),
+    "util.c": (
+        "#include <stdio.h>\n\nstatic int sum(const int *xs, int n) {\n    int s = 0;\n"
+        "    for (int i = 0; i < n; i++) {\n        s += xs[i];\n    }\n    return s;\n}\n\n"
+        'int main(void) {\n    int xs[] = {1, 2, 3};\n    printf("%d\\n", sum(xs, 3));\n'
+        "    return 0;\n}\n",
+        ("        s += xs[i];\n    }\n", "        s += xs[i];\n"),
+    ),
+    "vec.cpp": (
+        "#include <vector>\n#include <numeric>\n\nnamespace demo {\n"
+        "int total(const std::vector<int>& v) {\n"
+        "    return std::accumulate(v.begin(), v.end(), 0);\n}\n}  // namespace demo\n",
+        ("v.end(), 0);", "v.end(), 0;"),
+    ),
+    "shop.rb": (
+        "class Cart\n  def initialize\n    @items = []\n  end\n\n"
+        "  def add(item)\n    @items << item\n    self\n  end\n\n"
+        "  def total\n    @items.sum(&:price)\n  end\nend\n",
+        ("    self\n  end\n", "    self\n"),
+    ),
+    "deploy.sh": (
+        '#!/usr/bin/env bash\nset -euo pipefail\n\nfor host in "$@"; do\n'
+        '  if ping -c1 "$host" >/dev/null; then\n    echo "up: $host"\n  fi\ndone\n',
+        ('    echo "up: $host"\n  fi\n', '    echo "up: $host"\n'),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_tree_sitter_languages_refuse_a_regression(mount: Mount, name: str) -> None:
+    good, (old, new) = SOURCES[name]
+    f = mount.path / name
+    assert write(f, good) is None
+    assert write(f, good + "\n") is None  # an edit that keeps it valid passes
+    broken = good.replace(old, new, 1)
+    assert broken != good
+    err = write(f, broken)
+    assert err is not None and err.errno == errno.EBADMSG, name
+    assert f.read_text() == good + "\n"
+    assert envelope(mount)["details"]["line"] >= 1

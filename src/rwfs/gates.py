@@ -11,8 +11,10 @@ A new file (no previous bytes) is never refused: there is nothing it could have 
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import re
+import threading
 import tomllib
 import warnings
 from collections import Counter
@@ -154,11 +156,62 @@ def _yaml(data: bytes) -> tuple[int, str] | None:
     return None
 
 
+# tree-sitter grammars, each from its own wheel: format -> (module, function).
+_GRAMMARS = {
+    "javascript": ("tree_sitter_javascript", "language"),
+    "typescript": ("tree_sitter_typescript", "language_typescript"),
+    "tsx": ("tree_sitter_typescript", "language_tsx"),
+    "java": ("tree_sitter_java", "language"),
+    "go": ("tree_sitter_go", "language"),
+    "rust": ("tree_sitter_rust", "language"),
+    "c": ("tree_sitter_c", "language"),
+    "cpp": ("tree_sitter_cpp", "language"),
+    "ruby": ("tree_sitter_ruby", "language"),
+    "bash": ("tree_sitter_bash", "language"),
+}
+_parsers = threading.local()  # a tree-sitter Parser is not safe to share between threads
+
+
+def _tree_sitter(lang: str) -> Callable[[bytes], tuple[int, str] | None]:
+    def parse(data: bytes) -> tuple[int, str] | None:
+        cache = _parsers.__dict__
+        parser = cache.get(lang)
+        if parser is None:
+            import tree_sitter
+
+            module, func = _GRAMMARS[lang]
+            grammar = getattr(importlib.import_module(module), func)()
+            parser = cache[lang] = tree_sitter.Parser(tree_sitter.Language(grammar))
+        root = parser.parse(data).root_node
+        if not root.has_error:
+            return None
+        node = _first_error(root)
+        if node is None:
+            return 0, "syntax error"
+        what = f"missing {node.type!r}" if node.is_missing else "syntax error"
+        return node.start_point[0] + 1, what
+
+    return parse
+
+
+def _first_error(node: Any) -> Any:
+    """The first ERROR or MISSING node, depth first (where a parser gave up)."""
+    if node.is_error or node.is_missing:
+        return node
+    for child in node.children:
+        if child.has_error or child.is_missing:
+            found = _first_error(child)
+            if found is not None:
+                return found
+    return None
+
+
 PARSERS: dict[str, Callable[[bytes], tuple[int, str] | None]] = {
     "python": _python,
     "json": _json,
     "toml": _toml,
     "yaml": _yaml,
+    **{lang: _tree_sitter(lang) for lang in _GRAMMARS},
 }
 _SUFFIXES = {
     ".py": "python",
@@ -167,6 +220,28 @@ _SUFFIXES = {
     ".toml": "toml",
     ".yaml": "yaml",
     ".yml": "yaml",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".jsx": "javascript",
+    ".ts": "typescript",
+    ".mts": "typescript",
+    ".cts": "typescript",
+    ".tsx": "tsx",
+    ".java": "java",
+    ".go": "go",
+    ".rs": "rust",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+    ".hh": "cpp",
+    ".hpp": "cpp",
+    ".hxx": "cpp",
+    ".rb": "ruby",
+    ".sh": "bash",
+    ".bash": "bash",
 }
 
 
