@@ -1,0 +1,124 @@
+"""Gate latency: p50/p99 of all gates on one commit, per format and file size.
+
+Each sample is one call of ``rwfs.gates.check`` as a commit makes it: the old bytes and a
+new version with one line changed in the middle, so that no gate stops early and the syntax
+gate parses both versions. Run by ``scripts/bench gates``; the target is p99 < 10 ms at
+100 KB (SPEC §4.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import statistics
+import time
+
+from rwfs import gates
+from rwfs.policy import Policy
+
+# One unit of each format; repeated (with fresh names) to reach each size.
+UNITS = {
+    "python": ("m.py", inspect.getsource(json.decoder)),
+    "json": ("d.json", json.dumps({"name_N": {"items": list(range(20)), "ok": True}}, indent=2)),
+    "toml": ("c.toml", '[table_N]\nname = "x"\nitems = [1, 2, 3]\nflag = true\n'),
+    "yaml": ("c.yaml", "key_N:\n  items: [1, 2, 3]\n  name: x\n  nested:\n    flag: true\n"),
+    "javascript": (
+        "a.js",
+        "export function f_N(xs) {\n  return xs.map((x) => x * 2).filter(Boolean);\n}\n",
+    ),
+    "typescript": (
+        "a.ts",
+        "export interface T_N {\n  id: number;\n}\nexport const v_N: T_N = { id: 1 };\n",
+    ),
+    "java": ("A.java", "class A_N {\n  int f(int x) {\n    return x * 2;\n  }\n}\n"),
+    "go": ("a.go", "func f_N(x int) int {\n\treturn x * 2\n}\n"),
+    "rust": ("a.rs", "pub fn f_N(x: i64) -> i64 {\n    x * 2\n}\n"),
+    "c": ("a.c", "static int f_N(int x) {\n    return x * 2;\n}\n"),
+    "cpp": ("a.cpp", "namespace n_N {\nint f(int x) { return x * 2; }\n}\n"),
+    "ruby": ("a.rb", "def f_N(x)\n  x * 2\nend\n"),
+    "bash": ("a.sh", 'f_N() {\n  echo "$1"\n}\n'),
+}
+SIZES = {"1 KB": 1 << 10, "100 KB": 100 << 10, "1 MB": 1 << 20}
+PREFIX = {"go": "package main\n\n", "json": ""}
+
+
+def build(fmt: str, size: int) -> bytes:
+    _, unit = UNITS[fmt]
+    if fmt == "json":  # one document: a list of units
+        parts, n = [], 0
+        while sum(map(len, parts)) < size:
+            parts.append(unit.replace("name_N", f"name_{n}"))
+            n += 1
+        return ("[\n" + ",\n".join(parts) + "\n]\n").encode()
+    out, n = [PREFIX.get(fmt, "")], 0
+    while sum(map(len, out)) < size:
+        out.append(unit.replace("_N", f"_{n}") + "\n")
+        n += 1
+    return "".join(out).encode()
+
+
+def edit(data: bytes) -> bytes:
+    """Change one line in the middle, keeping the text valid (a digit becomes another)."""
+    mid = len(data) // 2
+    i = next((k for k in range(mid, len(data)) if data[k : k + 1].isdigit()), None)
+    if i is None:
+        return data + b"\n"
+    return data[:i] + (b"7" if data[i : i + 1] != b"7" else b"8") + data[i + 1 :]
+
+
+def measure(fmt: str, size: int, samples: int) -> tuple[float, float]:
+    name, _ = UNITS[fmt]
+    old = build(fmt, size)
+    new = edit(old)
+    cfg = Policy().gate
+    gates.check(name.encode(), old, new, cfg)  # warm: load the grammar, compile patterns
+    times = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        found = gates.check(name.encode(), old, new, cfg)
+        times.append((time.perf_counter() - t) * 1000)
+        assert found == [], f"{fmt}: an ordinary edit was refused: {found}"
+    times.sort()
+    return statistics.median(times), times[min(len(times) - 1, int(len(times) * 0.99))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--samples", type=int, default=100, help="calls per cell (100; 1 MB: a fifth)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    rows = {}
+    for fmt in UNITS:
+        for label, size in SIZES.items():
+            n = args.samples if size < (1 << 20) else max(5, args.samples // 5)
+            rows[(fmt, label)] = measure(fmt, size, n)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {"format": f, "size": s, "p50_ms": a, "p99_ms": b}
+                    for (f, s), (a, b) in rows.items()
+                ]
+            )
+        )
+        return 0
+    head = f"{'format':<11}" + "".join(
+        f"{label + ' p50':>12}{label + ' p99':>12}" for label in SIZES
+    )
+    print("rwfs gate latency (all gates, one commit, ms)")
+    print(head)
+    print("-" * len(head))
+    for fmt in UNITS:
+        cells = "".join(
+            f"{rows[(fmt, label)][0]:>12.2f}{rows[(fmt, label)][1]:>12.2f}" for label in SIZES
+        )
+        print(f"{fmt:<11}{cells}")
+    worst = max(rows[(fmt, "100 KB")][1] for fmt in UNITS)
+    verdict = "ok" if worst < 10 else "MISS"
+    print(f"target: p99 < 10 ms at 100 KB — worst p99 at 100 KB: {worst:.2f} ms ({verdict})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
