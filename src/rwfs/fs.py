@@ -60,6 +60,15 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
     return wrap
 
 
+def _drop_kernel_cache(ino: int) -> None:
+    # In a worker thread: the kernel may wait on a request of ours while it drops the page
+    # cache, so the event loop must never block on this.
+    try:
+        pyfuse3.invalidate_inode(ino)
+    except OSError:
+        pass
+
+
 @dataclass(eq=False)
 class Handle:
     inode: Inode
@@ -230,28 +239,13 @@ class Operations(pyfuse3.Operations):
         self.ws.confirm(item, late.get("hash_fd"))
 
     def _invalidate(self, inode: Inode) -> None:
-        # From a worker thread: the kernel may wait on a request of ours while it drops
-        # the page cache, so the event loop must not block on it.
-        ino = inode.ino
-
-        def run() -> None:
-            try:
-                pyfuse3.invalidate_inode(ino)
-            except OSError:
-                pass
-
-        trio.lowlevel.spawn_system_task(trio.to_thread.run_sync, run)
+        """Drop the kernel's cache of an inode soon (when a request of ours may hold the
+        kernel's lock on it, e.g. an fsync we have not answered yet)."""
+        trio.lowlevel.spawn_system_task(trio.to_thread.run_sync, _drop_kernel_cache, inode.ino)
 
     async def _invalidate_now(self, inode: Inode) -> None:
-        """Drop the kernel's cache of an inode before answering (in a thread, see above)."""
-
-        def run() -> None:
-            try:
-                pyfuse3.invalidate_inode(inode.ino)
-            except OSError:
-                pass
-
-        await trio.to_thread.run_sync(run)
+        """Drop the kernel's cache of an inode before answering."""
+        await trio.to_thread.run_sync(_drop_kernel_cache, inode.ino)
 
     async def _settle(self, inode: Inode) -> None:
         """Wait until the inode's queued commit is in the tree."""
