@@ -259,3 +259,24 @@ def test_gates_on_bytes() -> None:
     assert found.gate == "syntax" and found.details["line"] == 1
     assert check(b"m.py", b"def f(:\n", b"def g(:\n", cfg) == []  # already broken
     assert check(b"m.py", b"", b"def f(:\n", cfg) == []  # a new file
+
+
+def test_risk_score_follows_the_paper() -> None:
+    from rwfs.gates import risk
+
+    assert risk(b"def f():\n    return 1\n") == {
+        "score": 0.0,
+        "verdict": "safe",
+        "detected_patterns": [],
+        "matches": [],
+    }
+    one = risk(b"k = 'sk-ant-api03-" + b"Q" * 40 + b"'\n")
+    assert (one["score"], one["verdict"], one["detected_patterns"]) == (0.35, "low", ["api_key"])
+    # A second distinct match in a family adds a quarter of its weight.
+    two = risk(b"AKIA" + b"A" * 16 + b" AKIA" + b"B" * 16 + b"\n")
+    assert two["score"] == round(0.35 * 1.25, 3)
+    pem = risk(b"-----BEGIN OPENSSH PRIVATE KEY-----\nxyz\n")
+    assert pem["score"] == 0.5 and pem["verdict"] == "medium"
+    assert all(len(m["match"]) <= 16 for m in pem["matches"])
+    big = risk(b"x " * 1500 + b"\n")  # a line over 2,000 characters (and no blob)
+    assert big["score"] == 0.2 and big["verdict"] == "low"

@@ -316,3 +316,36 @@ def test_tree_sitter_languages_refuse_a_regression(mount: Mount, name: str) -> N
     assert err is not None and err.errno == errno.EBADMSG, name
     assert f.read_text() == good + "\n"
     assert envelope(mount)["details"]["line"] >= 1
+
+
+FAKE_KEY = "sk-ant-api03-" + "Zx9" * 14  # shaped like a key, not one
+
+
+def test_secrets_warn_by_default_and_never_leak(mount: Mount) -> None:
+    text = f"ANTHROPIC_API_KEY={FAKE_KEY}\nGITHUB_TOKEN=ghp_{'a1' * 18}\n"
+    assert write(mount.path / "settings.env", text) is None  # warn: the write proceeds
+    (write_ev,) = [e for e in events(mount, "write") if e["path"] == "settings.env"]
+    (warning,) = write_ev["warnings"]
+    # Two families (0.35 each, the paper's weights): a "high" verdict, still only a warning.
+    assert warning["gate"] == "secrets" and warning["verdict"] == "high"
+    assert set(warning["detected_patterns"]) == {"api_key", "github_pat"}
+    journal = (mount.path / ".rw" / "journal").read_text()
+    assert FAKE_KEY not in journal and FAKE_KEY[:16] in journal  # cut to 16 characters
+
+
+def test_secrets_reject_at_refuses_and_the_envelope_does_not_leak(workspace: Path) -> None:
+    prepare_state(workspace, DEFAULT_TEXT.replace('reject_at = "off"', 'reject_at = "medium"'))
+    m = Mount(workspace).start()
+    try:
+        f = m.path / "config.py"
+        f.write_text("DEBUG = True\n")
+        err = write(f, f"DEBUG = True\nKEY = '{FAKE_KEY}'\nTOKEN = 'ghp_{'a1' * 18}'\n")
+        assert err is not None and err.errno == errno.EBADMSG
+        assert f.read_text() == "DEBUG = True\n"
+        env_text = (m.path / ".rw" / "last-error").read_text()
+        assert FAKE_KEY not in env_text
+        env = json.loads(env_text)
+        assert env["reason_hint"] == "secrets" and env["details"]["verdict"] == "high"
+    finally:
+        m.stop()
+    check_clean(m)

@@ -368,9 +368,13 @@ class Operations(pyfuse3.Operations):
                 )
                 self.ws.live["noops"] += 1
                 return
-            # A new (empty) file has nothing a write could break: no gate to run.
+            # A new (empty) file has nothing a write could break: only the secrets gate
+            # has something to look at.
             findings = []
-            if stage.expected != EMPTY_DIGEST:
+            if (
+                stage.expected != EMPTY_DIGEST
+                or self.ws.policy.gate("secrets", path)["action"] != "off"
+            ):
                 findings = await self.ws.run_gates(path, inode.fd, stage.fd)
             if any(f.action == "reject" for f in findings):
                 # Refused: the draft is kept, the stage goes, the file reads as before.

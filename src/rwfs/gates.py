@@ -281,9 +281,114 @@ def syntax(path: bytes, old: bytes, new: bytes) -> Finding | None:
     )
 
 
+# ---- secrets: the "Resilient Write" paper's L0 risk score ----
+
+# Pattern families and weights (the paper's §3.1). A family's contribution is damped:
+# w * min(1.5, 1 + 0.25 * (distinct matches - 1)).
+_FAMILIES: dict[str, tuple[float, list[re.Pattern[bytes]]]] = {
+    "api_key": (
+        0.35,
+        [
+            re.compile(rb"sk-ant-[A-Za-z0-9_-]{20,}"),
+            re.compile(rb"\bsk-(?:proj-)?[A-Za-z0-9_-]{20,}"),
+            re.compile(rb"\bAKIA[0-9A-Z]{16}\b"),
+            re.compile(
+                rb"(?i)\b(?:datadog|dd)[_-]?(?:api|app)[_-]?key\W{0,3}[:=]\s*['\"]?[a-f0-9]{32,40}"
+            ),
+            re.compile(rb"(?i)\bbearer\s+[A-Za-z0-9._~+/-]{20,}=*"),
+        ],
+    ),
+    "github_pat": (
+        0.35,
+        [
+            re.compile(rb"\bgh[pousr]_[A-Za-z0-9]{36,}"),
+            re.compile(rb"\bgithub_pat_[A-Za-z0-9_]{22,}"),
+        ],
+    ),
+    "jwt": (
+        0.25,
+        [re.compile(rb"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")],
+    ),
+    "pem_block": (0.50, [re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")]),
+    "aws_secret": (
+        0.40,
+        [
+            re.compile(
+                rb"(?i)aws[A-Za-z0-9_.-]{0,30}(?:secret|key)[A-Za-z0-9_.-]{0,20}['\"]?\s*[:=]\s*['\"]?([A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])"
+            )
+        ],
+    ),
+    "pii": (
+        0.15,
+        [
+            re.compile(rb"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
+            re.compile(rb"\b\d{3}-\d{2}-\d{4}\b"),
+            re.compile(rb"(?<![\d-])\(?\d{3}\)?[-. ]\d{3}[-. ]\d{4}(?![\d-])"),
+        ],
+    ),
+    "binary_hint": (0.20, [re.compile(rb"[A-Za-z0-9+/]{200,}={0,2}")]),
+}
+VERDICTS = (("high", 0.70), ("medium", 0.40), ("low", 0.10))
+_RANK = {"off": 99, "high": 3, "medium": 2, "low": 1, "safe": 0}
+
+
+def risk(data: bytes) -> dict[str, Any]:
+    """The risk score of content: ``{score, verdict, detected_patterns, matches}``.
+
+    Matches are cut to 16 characters, so that the report never carries the secret itself.
+    """
+    score = 0.0
+    found: dict[str, set[bytes]] = {}
+    for family, (weight, patterns) in _FAMILIES.items():
+        hits = {m.group(0) for p in patterns for m in p.finditer(data)}
+        if hits:
+            found[family] = hits
+            score += weight * min(1.5, 1.0 + 0.25 * (len(hits) - 1))
+    controls = sum(1 for b in data[:65536] if b < 9 or 13 < b < 32)
+    if data and controls > len(data[:65536]) // 10 and "binary_hint" not in found:
+        found["binary_hint"] = {b"<non-printable bytes>"}
+        score += _FAMILIES["binary_hint"][0]
+    if len(data) > 100 << 10:
+        score += 0.15
+    if any(len(line) > 2000 for line in data.split(b"\n")):
+        score += 0.20
+    score = max(0.0, min(1.0, score))
+    verdict = next((name for name, floor in VERDICTS if score >= floor), "safe")
+    return {
+        "score": round(score, 3),
+        "verdict": verdict,
+        "detected_patterns": sorted(found),
+        "matches": [
+            {"pattern": f, "match": m.decode("utf-8", "replace")[:16]}
+            for f in sorted(found)
+            for m in sorted(found[f])[:5]
+        ],
+    }
+
+
+def secrets(new: bytes, cfg: dict[str, Any]) -> Finding | None:
+    """The new content's risk score reaches the policy's ``warn_at`` or ``reject_at``."""
+    report = risk(new)
+    rank = _RANK[report["verdict"]]
+    if rank >= _RANK[cfg["reject_at"]]:
+        action = "reject"
+    elif rank >= _RANK[cfg["warn_at"]]:
+        action = "warn"
+    else:
+        return None
+    found = Finding(
+        "secrets",
+        f"it looks like it holds secrets or personal data ({', '.join(report['detected_patterns'])}; "
+        f"risk {report['verdict']}, score {report['score']})",
+        report,
+    )
+    found.action = action
+    return found
+
+
 # ---- running them ----
 
-GATES = ("truncation", "elision", "syntax")
+GATES = ("truncation", "elision", "syntax", "secrets")
 
 
 def check(
@@ -294,19 +399,26 @@ def check(
     ``config(gate, path)`` gives the gate's settings for this path (``action`` and its
     thresholds), after per-path overrides.
     """
-    if not old or len(old) > MAX_GATED_BYTES or len(new) > MAX_GATED_BYTES:
+    if len(old) > MAX_GATED_BYTES or len(new) > MAX_GATED_BYTES:
         return []
     out = []
     for gate in GATES:
         cfg = config(gate, path)
-        if cfg["action"] == "off":
-            continue
+        if cfg["action"] == "off" or (not old and gate != "secrets"):
+            continue  # a new file has nothing to break; it can still hold a secret
         if gate == "truncation":
             found = truncation(old, new, cfg)
         elif gate == "elision":
             found = elision(old, new, cfg)
-        else:
+        elif gate == "syntax":
             found = syntax(path, old, new)
+        else:
+            found = secrets(new, cfg)
+            if found is not None and found.action == "reject" and cfg["action"] != "reject":
+                found.action = cfg["action"]  # "warn" caps what the score may do
+            if found is not None:
+                out.append(found)
+            continue
         if found is not None:
             found.action = cfg["action"]
             out.append(found)

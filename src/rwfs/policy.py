@@ -75,6 +75,13 @@ min_lines = 10
 [gates.syntax]
 action = "reject"
 
+# The risk score of the "Resilient Write" paper: API keys, tokens, private keys, personal
+# data. Warns from a "medium" verdict; set reject_at = "high" to refuse such writes.
+[gates.secrets]
+action = "reject"
+warn_at = "medium"
+reject_at = "off"
+
 # Per-path actions, e.g. for deliberately broken test fixtures:
 # [[gates.override]]
 # paths = ["tests/fixtures/**"]
@@ -103,7 +110,10 @@ GATE_DEFAULTS: dict[str, dict[str, Any]] = {
     "truncation": {"action": "reject", "min_lines": 20, "min_ratio": 0.3},
     "elision": {"action": "reject", "min_lines": 10},
     "syntax": {"action": "reject"},
+    # The risk score's verdict (low, medium, high) at which to warn and to refuse ("off").
+    "secrets": {"action": "reject", "warn_at": "medium", "reject_at": "off"},
 }
+VERDICT_SETTINGS = ("off", "low", "medium", "high")
 ACTIONS = ("reject", "warn", "off")
 
 
@@ -147,6 +157,11 @@ def _check_gates(raw: Any) -> None:
             if key == "action":
                 if setting not in ACTIONS:
                     raise PolicyError(f"gates.{name}.action must be one of {', '.join(ACTIONS)}")
+            elif isinstance(defaults[key], str):
+                if setting not in VERDICT_SETTINGS:
+                    raise PolicyError(
+                        f"gates.{name}.{key} must be one of {', '.join(VERDICT_SETTINGS)}"
+                    )
             elif isinstance(setting, bool) or not isinstance(setting, int | float) or setting < 0:
                 raise PolicyError(f"gates.{name}.{key} must be a number ≥ 0")
 
