@@ -349,3 +349,30 @@ def test_secrets_reject_at_refuses_and_the_envelope_does_not_leak(workspace: Pat
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_validate_and_risk_views_diagnose_without_writing(workspace: Path) -> None:
+    (workspace / "src").mkdir()
+    (workspace / "src" / "ok.py").write_text(REAL)
+    (workspace / "src" / "bad.json").write_text('{"a": [1, 2}\n')  # broken before any mount
+    (workspace / "notes.txt").write_text(f"key: {FAKE_KEY}\n")
+    m = Mount(workspace).start()
+    try:
+        view = m.path / ".rw" / "validate"
+        assert json.loads((view / "src" / "ok.py").read_text()) == {
+            "valid": True,
+            "format": "python",
+            "errors": [],
+        }
+        bad = json.loads((view / "src" / "bad.json").read_text())
+        assert bad["valid"] is False and bad["format"] == "json" and bad["errors"][0]["line"] == 1
+        risk = json.loads((m.path / ".rw" / "risk" / "notes.txt").read_text())
+        assert risk["verdict"] == "low" and risk["detected_patterns"] == ["api_key"]
+        assert FAKE_KEY not in (m.path / ".rw" / "risk" / "notes.txt").read_text()
+        assert not (view / "src" / "missing.py").exists()
+        with pytest.raises(OSError):
+            (view / "src" / "ok.py").write_text("x")  # views are read-only
+        assert events(m, "write") == []  # nothing was written
+    finally:
+        m.stop()
+    check_clean(m)

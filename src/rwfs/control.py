@@ -10,12 +10,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from . import gates
 from .policy import Policy, PolicyError
 from .workspace import RwfsError, Workspace
 
@@ -31,11 +33,14 @@ class CFile(CNode):
     render: Callable[[], bytes]
     write: Callable[[bytes], Awaitable[None]] | None = None
     verbs: bool = False  # each write() is a verb, run before write() returns
+    slow: bool = False  # render() does I/O or parsing: run it in a worker thread
 
 
 @dataclass(eq=False)
 class CDir(CNode):
     children: dict[bytes, CNode] = field(default_factory=dict)
+    # A view of the workspace (validate/, risk/): names are looked up in the tree.
+    mirror: tuple[str, bytes] | None = None  # (view, workspace path of this directory)
 
 
 class Control:
@@ -63,6 +68,8 @@ class Control:
         )
         self.verbs: dict[str, Callable[[list[str]], Awaitable[None]]] = {"sync": self._sync}
         self.add(self.root, b"ctl", lambda: b"", self._ctl, verbs=True)
+        for view in ("validate", "risk"):
+            self.mkdir(self.root, view.encode()).mirror = (view, b"")
         self.rejected = self.mkdir(self.root, b"rejected")
         self.why = self.mkdir(self.root, b"why")
         for ev in ws.store.events():  # drafts refused in earlier mounts stay listed
@@ -81,6 +88,42 @@ class Control:
         parent.children[name] = node
         self.nodes[node.ino] = node
         return node
+
+    def child(self, parent: CDir, name: bytes) -> CNode | None:
+        """The entry ``name`` of a control directory; for a view, made from the tree."""
+        node = parent.children.get(name)
+        if node is not None or parent.mirror is None or name in (b".", b".."):
+            return node
+        view, top = parent.mirror
+        path = top + b"/" + name if top else name
+        if path == b".rw":
+            return None
+        try:
+            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        except OSError:
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            node = self.mkdir(parent, name)
+            node.mirror = (view, path)
+        elif stat.S_ISREG(st.st_mode):
+            node = self.add(parent, name, lambda: _json(self._diagnose(view, path)))
+            node.slow = True
+        return node
+
+    def _diagnose(self, view: str, path: bytes) -> dict[str, Any]:
+        """The gates' diagnostics of a file as it is now, without writing (SPEC §5)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.ws.root_fd)
+        except OSError as exc:
+            return {"error": exc.strerror, "path": os.fsdecode(path)}
+        try:
+            data = os.pread(fd, gates.MAX_GATED_BYTES + 1, 0)
+        finally:
+            os.close(fd)
+        if view == "risk":
+            return gates.risk(data)
+        fmt, errors = gates.parse_errors(path, data)
+        return {"valid": not errors, "format": fmt, "errors": errors}
 
     def mkdir(self, parent: CDir, name: bytes) -> CDir:
         node = parent.children.get(name)

@@ -416,9 +416,10 @@ class Operations(pyfuse3.Operations):
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         node = self.control.get(parent_inode)
         if node is not None:
-            if not isinstance(node, CDir) or name not in node.children:
+            child = self.control.child(node, name) if isinstance(node, CDir) else None
+            if child is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
-            return self._control_attr(node.children[name])
+            return self._control_attr(child)
         parent = self._inode(parent_inode)
         if parent_inode == ROOT and name == b".rw":
             return self._control_attr(self.control.root)
@@ -722,11 +723,13 @@ class Operations(pyfuse3.Operations):
             writable = flags & os.O_ACCMODE != os.O_RDONLY
             if writable and node.write is None:
                 raise pyfuse3.FUSEError(errno.EACCES)
-            h = ControlHandle(
-                node,
-                b"" if flags & os.O_TRUNC else node.render(),
-                bytearray() if writable else None,
-            )
+            if flags & os.O_TRUNC:
+                data = b""
+            elif node.slow:  # reads and parses a file: off the event loop
+                data = await trio.to_thread.run_sync(node.render)
+            else:
+                data = node.render()
+            h = ControlHandle(node, data, bytearray() if writable else None)
             return pyfuse3.FileInfo(fh=self._fh(h), direct_io=True)
         i = self._inode(inode)
         writable = flags & os.O_ACCMODE != os.O_RDONLY
