@@ -75,3 +75,10 @@ def test_doctor_finds_everything_here() -> None:
     res = rwfs("doctor")
     assert res.returncode == 0, res.stdout
     assert "everything rwfs needs" in res.stdout
+
+
+def test_agents_md_tells_an_agent_what_a_refusal_means() -> None:
+    res = rwfs("agents-md")
+    assert res.returncode == 0
+    for needle in ("EBADMSG", ".rw/why/", ".rw/rejected/", "retry_budget", "ESTALE", "-74"):
+        assert needle in res.stdout, needle

@@ -120,6 +120,36 @@ def cmd_fsck(a: argparse.Namespace) -> int:
     return main_fsck(root, state)
 
 
+AGENTS_MD = """\
+## Files in this workspace are written through rwfs
+
+This workspace is mounted through rwfs: every file you write is committed atomically and
+journaled, and a write that would break a file is refused. Its control directory is `.rw/`
+(hidden from `ls`, but there).
+
+- If `close()` (or `fsync()`, or the `rename()` of a temp file onto a file) fails with
+  **EBADMSG** ("Bad message"; Node.js: "Unknown system error -74"), your write was refused:
+  it would have broken the file (a syntax error where it parsed before, the file cut short,
+  or a placeholder such as "... rest of the code unchanged ..." standing for deleted code).
+  The file is unchanged. Read `.rw/why/<path>` (JSON: `message`, `details.line`,
+  `retry_budget`), read the file again, and re-apply your edit in full. Your refused draft
+  is at `.rw/rejected/<id>` (the envelope's `draft`). When `retry_budget` reaches 0, change
+  strategy instead of sending the same text again.
+- A shell redirection (`echo ... > file`) ignores these errors: after writing that way,
+  check `.rw/last-error`, or that the file holds what you wrote.
+- **ESTALE** means the file changed under you; **EIO** that the journal could not record the
+  write (nothing was written). Read the file again before you retry.
+- Without writing: `cat .rw/validate/<path>` says whether a file parses, `.rw/risk/<path>`
+  whether it looks like it holds a secret. `.rw/journal` lists recent commits with the
+  digests they expected and wrote; `rwfs log <path>` all of them.
+"""
+
+
+def cmd_agents_md(a: argparse.Namespace) -> int:
+    print(AGENTS_MD, end="")
+    return 0
+
+
 def cmd_doctor(a: argparse.Namespace) -> int:
     problems = []
     if not os.path.exists("/dev/fuse"):
@@ -191,6 +221,8 @@ def parser() -> argparse.ArgumentParser:
     f.set_defaults(fn=cmd_fsck)
     d = sub.add_parser("doctor", help="say what this machine lacks for rwfs")
     d.set_defaults(fn=cmd_doctor)
+    am = sub.add_parser("agents-md", help="print a paragraph for AGENTS.md / CLAUDE.md")
+    am.set_defaults(fn=cmd_agents_md)
     return p
 
 
