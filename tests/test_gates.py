@@ -376,3 +376,36 @@ def test_validate_and_risk_views_diagnose_without_writing(workspace: Path) -> No
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_refusal_errno_and_stats(workspace: Path) -> None:
+    prepare_state(
+        workspace, DEFAULT_TEXT.replace('refusal_errno = "EBADMSG"', 'refusal_errno = "EIO"')
+    )
+    (workspace / "a.py").write_text(REAL)
+    m = Mount(workspace).start()
+    try:
+        err = write(m.path / "a.py", REAL + "\ndef f(:\n")
+        assert err is not None and err.errno == errno.EIO
+        assert envelope(m)["errno"] == "EIO" and envelope(m)["error"] == "blocked"
+        assert write(m.path / "a.py", REAL + "\n# fine\n") is None
+        (m.path / ".rw" / "ctl").write_text("sync\n")
+        stats = json.loads((m.path / ".rw" / "stats").read_text())
+        assert stats["counts"]["gate.syntax.refused"] == 1
+        assert stats["counts"]["commits"] == 1
+        assert stats["hot_paths"] == [{"path": "a.py", "commits": 1}]
+        assert stats["latency_ms"]["gates"]["n"] == 2
+        assert stats["latency_ms"]["gates"]["p99"] >= stats["latency_ms"]["gates"]["p50"] > 0
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_refusal_errno_must_name_an_errno(mount: Mount) -> None:
+    pol = mount.path / ".rw" / "policy.toml"
+    with pytest.raises(OSError) as err:
+        pol.write_text(
+            pol.read_text().replace('refusal_errno = "EBADMSG"', 'refusal_errno = "ENOPE"')
+        )
+    assert err.value.errno == errno.EINVAL
+    assert 'refusal_errno = "EBADMSG"' in pol.read_text()

@@ -62,6 +62,7 @@ class Control:
         )
         self.add(self.root, b"status", lambda: _json(self.status()))
         self.add(self.root, b"journal", self._journal)
+        self.add(self.root, b"stats", lambda: _json(self.ws.stats.report()))
         self.add(self.root, b"policy.toml", lambda: ws.policy.text.encode(), self._write_policy)
         self.add(
             self.root, b"last-error", lambda: _json(self.last_error) if self.last_error else b""

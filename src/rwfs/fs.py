@@ -366,7 +366,7 @@ class Operations(pyfuse3.Operations):
                         **ctx_info,
                     }
                 )
-                self.ws.live["noops"] += 1
+                self.ws.stats.count("noops")
                 return
             # A new (empty) file has nothing a write could break: only the secrets gate
             # has something to look at.

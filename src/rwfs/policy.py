@@ -6,6 +6,7 @@ Path globs follow ``.gitignore`` rules, with one difference that matches what pe
 
 from __future__ import annotations
 
+import errno
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,10 @@ max_journaled_bytes = 268435456
 # How many times the same refused bytes may be written to the same path before the
 # refusal tells the writer to change strategy rather than retry.
 retry_budget = 3
+
+# The errno a gate's refusal returns (Node.js, for one, shows EBADMSG as "Unknown system
+# error -74"; EIO is known everywhere).
+refusal_errno = "EBADMSG"
 
 # Paths written in place, unjournaled (.gitignore syntax; a glob not starting with "/"
 # matches at any depth).
@@ -102,6 +107,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "max_journaled_bytes": int,
     "passthrough": list,
     "retry_budget": int,
+    "refusal_errno": str,
     "gates": dict,
 }
 
@@ -177,6 +183,7 @@ class Policy:
     max_journaled_bytes: int = 256 << 20
     passthrough: list[str] = field(default_factory=lambda: list(DEFAULT_PASSTHROUGH))
     retry_budget: int = 3
+    refusal_errno: str = "EBADMSG"
     gates: dict[str, Any] = field(default_factory=dict)
     text: str = DEFAULT_TEXT
 
@@ -233,6 +240,11 @@ class Policy:
             raise PolicyError("max_journaled_bytes must be positive")
         if raw.get("retry_budget", 3) < 0:
             raise PolicyError("retry_budget must be 0 or more")
+        name = raw.get("refusal_errno", "EBADMSG")
+        if not name.startswith("E") or not isinstance(getattr(errno, name, None), int):
+            raise PolicyError(
+                f"refusal_errno must name an errno, like EBADMSG or EIO, not {name!r}"
+            )
         _check_gates(raw.get("gates", {}))
         globs = raw.get("passthrough", DEFAULT_PASSTHROUGH)
         if not all(isinstance(g, str) and g.strip() for g in globs):

@@ -90,6 +90,50 @@ def journal_unavailable(path: bytes, why: str) -> RwfsError:
     )
 
 
+class Stats:
+    """What this mount has done: counts, latency samples, hot paths (for ``.rw/stats``)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.samples: dict[str, list[float]] = {}
+        self.paths: dict[bytes, int] = {}
+        self.started = time.monotonic()
+
+    def count(self, name: str, by: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + by
+
+    def sample(self, name: str, seconds: float) -> None:
+        got = self.samples.setdefault(name, [])
+        got.append(seconds)
+        if len(got) > 2000:  # keep the newest 1000
+            del got[:1000]
+
+    def commit(self, path: bytes) -> None:
+        self.count("commits")
+        self.paths[path] = self.paths.get(path, 0) + 1
+        if len(self.paths) > 10_000:
+            self.paths.clear()
+
+    def report(self) -> dict[str, Any]:
+        def pct(xs: list[float], q: float) -> float:
+            ordered = sorted(xs)
+            return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000, 3)
+
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        hot = sorted(self.paths.items(), key=lambda kv: -kv[1])[:10]
+        return {
+            "since_mount_s": round(elapsed, 1),
+            "counts": dict(sorted(self.counts.items())),
+            "commits_per_second": round(self.counts.get("commits", 0) / elapsed, 3),
+            "latency_ms": {
+                name: {"n": len(xs), "p50": pct(xs, 0.5), "p99": pct(xs, 0.99)}
+                for name, xs in sorted(self.samples.items())
+                if xs
+            },
+            "hot_paths": [{"path": fsdecode(p), "commits": n} for p, n in hot],
+        }
+
+
 @dataclass(eq=False)
 class Stage:
     """The private copy of one inode's bytes that its writers share until a commit point."""
@@ -149,9 +193,9 @@ class Workspace:
         self._closing = False
         self._inflight: list[Commit | Event] = []
         self._budget: dict[tuple[bytes, str], int] = {}  # retries left per (path, refused bytes)
+        self.stats = Stats()
         self.journal_ok = True
         self.on_committed: Callable[[Commit], None] = lambda c: None
-        self.live = {"commits": 0, "noops": 0, "refusals": 0, "conflicts": 0, "groups": 0}
 
     def unsettled(self) -> list[Commit]:
         """Commits sealed but not yet in the tree (queued, or in the group being applied)."""
@@ -257,9 +301,14 @@ class Workspace:
         return await trio.to_thread.run_sync(self._run_gates, path, base_fd, new_fd, limiter=_LIMIT)
 
     def _run_gates(self, path: bytes, base_fd: int, stage_fd: int) -> list[gates.Finding]:
+        t = time.perf_counter()
         limit = gates.MAX_GATED_BYTES + 1
         old, new = os.pread(base_fd, limit, 0), os.pread(stage_fd, limit, 0)
-        return gates.check(path, old, new, self.policy.gate)
+        findings = gates.check(path, old, new, self.policy.gate)
+        self.stats.sample("gates", time.perf_counter() - t)
+        for f in findings:
+            self.stats.count(f"gate.{f.gate}.{'refused' if f.action == 'reject' else 'warned'}")
+        return findings
 
     async def refuse(
         self,
@@ -302,7 +351,7 @@ class Workspace:
                 f"write the complete file or a smaller edit) instead of retrying; your draft is at {draft}"
             )
         return RwfsError(
-            errno.EBADMSG,
+            getattr(errno, self.policy.refusal_errno),
             "blocked",
             first.gate,
             f"Your write to {name} was refused because {first.message}; the file is unchanged "
@@ -442,6 +491,7 @@ class Workspace:
             assert self.intents is not None
             gen = self.intents.rotate()
             progress = {"prepared": False}
+            started = time.perf_counter()
             try:
                 await trio.to_thread.run_sync(
                     self._apply_group, group, gen, progress, limiter=_LIMIT
@@ -461,9 +511,14 @@ class Workspace:
                 if self._queue:
                     self._has_work.set()
             self._inflight = []
-            self.live["groups"] += 1
+            self.stats.count("groups")
+            self.stats.sample("group_commit", time.perf_counter() - started)
             for item in group:
                 if isinstance(item, Commit):
+                    if item.outcome == "committed":
+                        self.stats.commit(item.path)
+                    else:
+                        self.stats.count(item.outcome)
                     if item.outcome == "error":
                         _close_quietly(item.stage.fd)
                     self.on_committed(item)
