@@ -32,10 +32,6 @@ def digest_fd(fd: int) -> tuple[str, int]:
     return "sha256:" + h.hexdigest(), off
 
 
-def digest_bytes(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
 def copy_fd(src: int, dst: int) -> tuple[str, int]:
     """Copy ``src`` into ``dst`` (both at offset 0) while hashing; returns (digest, size).
 
@@ -158,18 +154,6 @@ class ObjectStore:
         finally:
             os.close(out)
         self._place(self.incoming_fd, tmp, digest, move=True)
-
-    def all(self) -> list[str]:
-        out: list[str] = []
-        for sub in os.listdir(self.fd):
-            if len(sub) != 2:
-                continue
-            subfd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.fd)
-            try:
-                out.extend("sha256:" + sub + rest for rest in os.listdir(subfd))
-            finally:
-                os.close(subfd)
-        return out
 
 
 def _makedirs_at(dir_fd: int, path: bytes) -> None:
