@@ -185,7 +185,8 @@ class Workspace:
             pass
         self.staging_fd = os.open(b"staging", os.O_RDONLY | os.O_DIRECTORY, dir_fd=state_fd)
         self.intents: IntentLog | None = None
-        self._digests: dict[tuple[int, int], tuple[int, int, int, str]] = {}
+        # (st_dev, st_ino) -> (stat signature, digest): a file is rehashed only when changed.
+        self._digests: dict[tuple[int, int], tuple[tuple[int, int, int], str]] = {}
         self._queue: list[Commit | Event] = []
         self._has_work = trio.Event()
         self._urgent = trio.Event()
@@ -215,26 +216,19 @@ class Workspace:
 
     # ---- digests (blocking: call in a thread) ----
 
-    def digest_of_fd(self, fd: int) -> str:
+    def digest_of_fd(self, fd: int, st: os.stat_result | None = None) -> str:
         """The digest of an open file, from the cache when its stat says it is unchanged."""
-        st = os.fstat(fd)
-        key = (st.st_dev, st.st_ino)
-        sig = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        hit = self._digests.get(key)
-        if hit is not None and hit[:3] == sig:
-            return hit[3]
+        st = st or os.fstat(fd)
+        hit = self._digests.get((st.st_dev, st.st_ino))
+        if hit is not None and hit[0] == _signature(st):
+            return hit[1]
         digest, _ = digest_fd(fd)
         self._remember(fd, digest)
         return digest
 
     def _remember(self, fd: int, digest: str) -> None:
         st = os.fstat(fd)
-        self._digests[(st.st_dev, st.st_ino)] = (
-            st.st_size,
-            st.st_mtime_ns,
-            st.st_ctime_ns,
-            digest,
-        )
+        self._digests[(st.st_dev, st.st_ino)] = (_signature(st), digest)
         if len(self._digests) > 200_000:
             self._digests.clear()
 
@@ -254,7 +248,7 @@ class Workspace:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return None, st
-            return self.digest_of_fd(fd), st
+            return self.digest_of_fd(fd, st), st
         finally:
             os.close(fd)
 
@@ -665,6 +659,11 @@ class Workspace:
     def _keep_intended(self, c: Commit) -> None:
         self.objects.keep_fd_copy(c.stage.fd, c.intended)
         self.drop_stage(c.stage)
+
+
+def _signature(st: os.stat_result) -> tuple[int, int, int]:
+    """What changes whenever a file's bytes do (ctime cannot be set by anyone)."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _close_quietly(fd: int) -> None:
