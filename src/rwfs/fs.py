@@ -798,6 +798,8 @@ class Operations(pyfuse3.Operations):
             return len(buf)
         assert isinstance(h, Handle)
         i = h.inode
+        # Decided at each write, not at open: a file hard-linked since it was opened must
+        # be written in place, or the commit's rename would split the link.
         if i.stage is None and not self._journaled(i.path, os.fstat(i.fd)):
             self._open_backing(i, writable=True)
             return os.pwrite(i.fd, buf, off)
