@@ -280,3 +280,64 @@ def test_risk_score_follows_the_paper() -> None:
     assert all(len(m["match"]) <= 16 for m in pem["matches"])
     big = risk(b"x " * 1500 + b"\n")  # a line over 2,000 characters (and no blob)
     assert big["score"] == 0.2 and big["verdict"] == "low"
+
+
+# Pieces of secrets, near misses and ordinary code, so that random texts exercise every
+# pattern's prefilter and its edges (word boundaries, separators, several "@").
+_RISK_PIECES = [
+    b"sk-ant-",
+    b"sk-",
+    b"proj-",
+    b"AKIA",
+    b"DD_API_KEY=",
+    b"datadog-app-key: ",
+    b"Bearer ",
+    b"ghp_",
+    b"github_pat_",
+    b"eyJ",
+    b"-----BEGIN RSA PRIVATE KEY-----",
+    b"aws_secret_key = ",
+    b"john.doe@example.com",
+    b"a@b.cd",
+    b"@",
+    b"john",
+    b".org",
+    b"(555) 123-4567",
+    b"555.123.4567",
+    b"123-45-6789",
+    b"123",
+    b"4567",
+    b"-",
+    b".",
+    b" ",
+    b"\n",
+    b"_",
+    b"=",
+    b"'",
+    b"Q" * 40,
+    b"deadbeef" * 4,
+    b"+/",
+    b"@property\n",
+    b"def f(x):",
+]
+
+
+def test_risk_prefilters_find_exactly_what_the_patterns_find() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from rwfs import gates
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.sampled_from(_RISK_PIECES), max_size=60))
+    def check(pieces: list[bytes]) -> None:
+        data = b"".join(pieces)
+        for _, patterns in gates._FAMILIES.values():
+            for p in patterns:
+                whole = {m.group(0) for m in p.regex.finditer(data)}
+                assert gates._matches(p, data, {}) == whole, (p.regex.pattern, data)
+
+    check()
+    # Every family can be found at all (the pieces are not all near misses).
+    one = b"".join(_RISK_PIECES[:2]) + b"Q" * 40 + b" john.doe@example.com 123-45-6789"
+    assert {"api_key", "pii"} <= set(gates.risk(one)["detected_patterns"])
