@@ -15,11 +15,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import gates
+from . import conflicts, gates
 from .policy import Policy, PolicyError
 from .workspace import RwfsError, Workspace
+
+if TYPE_CHECKING:
+    from .batches import Batches
 
 
 @dataclass(eq=False)
@@ -28,10 +31,50 @@ class CNode:
     name: bytes
 
 
+# A control file's writer: the text, and who wrote it ({"pid", "comm", "uid"}).
+Writer = Callable[[bytes, dict[str, Any]], Awaitable[None]]
+# A verb of a ``ctl`` file: its arguments, and who wrote it.
+Verb = Callable[[list[str], dict[str, Any]], Awaitable[None]]
+
+
+def verb_file(verbs: dict[str, Verb], where: str) -> Writer:
+    """A ``ctl`` file: each line written is a verb and its arguments, run in order."""
+
+    async def write(data: bytes, who: dict[str, Any]) -> None:
+        try:
+            lines = [ln.split() for ln in data.decode("utf-8").splitlines() if ln.strip()]
+        except UnicodeDecodeError:
+            lines = []
+        if not lines or any(words[0] not in verbs for words in lines):
+            raise RwfsError(
+                errno.EINVAL,
+                "policy_violation",
+                "verb",
+                f"Nothing was done because the text written to {where} is not a known verb; "
+                f"write one of: {', '.join(sorted(verbs))}.",
+                path=where,
+            )
+        for words in lines:
+            await verbs[words[0]](words[1:], who)
+
+    return write
+
+
+def no_args(args: list[str], verb: str, where: str) -> None:
+    if args:
+        raise RwfsError(
+            errno.EINVAL,
+            "policy_violation",
+            "verb",
+            f"{verb} takes no argument, so nothing was done; write just '{verb}'.",
+            path=where,
+        )
+
+
 @dataclass(eq=False)
 class CFile(CNode):
     render: Callable[[], bytes]
-    write: Callable[[bytes], Awaitable[None]] | None = None
+    write: Writer | None = None
     verbs: bool = False  # each write() is a verb, run before write() returns
     slow: bool = False  # render() does I/O or parsing: run it in a worker thread
 
@@ -41,11 +84,23 @@ class CDir(CNode):
     children: dict[bytes, CNode] = field(default_factory=dict)
     # A view of the workspace (validate/, risk/): names are looked up in the tree.
     mirror: tuple[str, bytes] | None = None  # (view, workspace path of this directory)
+    # Directories that mirror the journal (batches/, conflicts/): brought up to date
+    # before every lookup and listing.
+    refresh: Callable[[], None] | None = None
+    mkdir: Callable[[bytes, dict[str, Any]], Awaitable[None]] | None = None
+    rmdir: Callable[[bytes], Awaitable[None]] | None = None
 
 
 class Control:
-    def __init__(self, ws: Workspace, info: dict[str, Any], allocate: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        ws: Workspace,
+        batches: Batches,
+        info: dict[str, Any],
+        allocate: Callable[[], int],
+    ) -> None:
         self.ws = ws
+        self.batches = batches
         self.info = info
         self._allocate = allocate
         self.nodes: dict[int, CNode] = {}
@@ -67,12 +122,15 @@ class Control:
         self.add(
             self.root, b"last-error", lambda: _json(self.last_error) if self.last_error else b""
         )
-        self.verbs: dict[str, Callable[[list[str]], Awaitable[None]]] = {"sync": self._sync}
-        self.add(self.root, b"ctl", lambda: b"", self._ctl, verbs=True)
+        self.verbs: dict[str, Verb] = {"sync": self._sync}
+        self.add(self.root, b"ctl", lambda: b"", verb_file(self.verbs, ".rw/ctl"), verbs=True)
         for view in ("validate", "risk"):
             self.mkdir(self.root, view.encode()).mirror = (view, b"")
         self.rejected = self.mkdir(self.root, b"rejected")
         self.why = self.mkdir(self.root, b"why")
+        self.add(self.root, b"notices", self._notices)
+        self.batches_dir = BatchViews(self, self.mkdir(self.root, b"batches"))
+        self.conflicts_dir = ConflictViews(self, self.mkdir(self.root, b"conflicts"))
         for ev in ws.store.events():  # drafts refused in earlier mounts stay listed
             if ev["op"] == "refuse" and ev.get("draft"):
                 self._add_rejected(ev["draft"], ev["intended"])
@@ -82,7 +140,7 @@ class Control:
         parent: CDir,
         name: bytes,
         render: Callable[[], bytes],
-        write: Callable[[bytes], Awaitable[None]] | None = None,
+        write: Writer | None = None,
         verbs: bool = False,
     ) -> CFile:
         node = CFile(self._allocate(), name, render, write, verbs)
@@ -90,8 +148,24 @@ class Control:
         self.nodes[node.ino] = node
         return node
 
+    def listing(self, parent: CDir) -> list[bytes]:
+        if parent.refresh is not None:
+            parent.refresh()
+        return sorted(parent.children)
+
+    def remove(self, parent: CDir, name: bytes) -> None:
+        node = parent.children.pop(name, None)
+        if node is None:
+            return
+        self.nodes.pop(node.ino, None)
+        if isinstance(node, CDir):
+            for child in list(node.children):
+                self.remove(node, child)
+
     def child(self, parent: CDir, name: bytes) -> CNode | None:
         """The entry ``name`` of a control directory; for a view, made from the tree."""
+        if parent.refresh is not None:
+            parent.refresh()
         node = parent.children.get(name)
         if node is not None or parent.mirror is None or name in (b".", b".."):
             return node
@@ -173,6 +247,7 @@ class Control:
 
     def status(self) -> dict[str, Any]:
         counters = self.ws.store.counters()
+        states = [b.state for b in self.batches.all.values()]
         return {
             **self.info,
             "durability": self.ws.policy.durability,
@@ -182,8 +257,8 @@ class Control:
                 "refusals": counters.get("refusals", 0),
                 "conflicts": counters.get("conflicts", 0),
                 "warnings": counters.get("warnings", 0),
-                "open_batches": 0,
-                "interrupted_batches": 0,
+                "open_batches": states.count("open"),
+                "interrupted_batches": states.count("interrupted"),
                 "queued": self.ws.queued,
             },
             "last_lsn": self.ws.store.meta_int(b"lsn"),
@@ -192,39 +267,18 @@ class Control:
             **{key: fn() for key, fn in self.live.items()},
         }
 
+    def _notices(self) -> bytes:
+        return b"".join(json.dumps(n).encode() + b"\n" for n in self.ws.store.notices())
+
     def _journal(self) -> bytes:
         events = self.ws.store.events(last=1000)
         return b"".join(json.dumps(ev).encode() + b"\n" for ev in events)
 
-    async def _ctl(self, data: bytes) -> None:
-        try:
-            lines = [ln.split() for ln in data.decode("utf-8").splitlines() if ln.strip()]
-        except UnicodeDecodeError:
-            lines = []
-        if not lines or any(words[0] not in self.verbs for words in lines):
-            raise RwfsError(
-                errno.EINVAL,
-                "policy_violation",
-                "verb",
-                "Nothing was done because the text written to .rw/ctl is not a known verb; "
-                f"write one of: {', '.join(sorted(self.verbs))}.",
-                path=".rw/ctl",
-            )
-        for words in lines:
-            await self.verbs[words[0]](words[1:])
-
-    async def _sync(self, args: list[str]) -> None:
-        if args:
-            raise RwfsError(
-                errno.EINVAL,
-                "policy_violation",
-                "verb",
-                "sync takes no argument; nothing was done.",
-                path=".rw/ctl",
-            )
+    async def _sync(self, args: list[str], who: dict[str, Any]) -> None:
+        no_args(args, "sync", ".rw/ctl")
         await self.ws.sync()
 
-    async def _write_policy(self, data: bytes) -> None:
+    async def _write_policy(self, data: bytes, who: dict[str, Any]) -> None:
         try:
             policy = Policy.parse(data.decode("utf-8"))
         except (UnicodeDecodeError, PolicyError) as exc:
@@ -254,3 +308,99 @@ def write_state_file(state_fd: int, name: bytes, data: bytes) -> None:
     finally:
         os.close(fd)
     os.rename(tmp, name, src_dir_fd=state_fd, dst_dir_fd=state_fd)
+
+
+class BatchViews:
+    """``.rw/batches/``: ``mkdir NAME`` opens a batch; ``NAME/status``, ``diff``, ``ctl``."""
+
+    def __init__(self, control: Control, top: CDir) -> None:
+        self.c = control
+        self.top = top
+        top.refresh, top.mkdir, top.rmdir = self.refresh, self.mkdir, self.rmdir
+
+    def refresh(self) -> None:
+        names = {name.encode() for name in self.c.batches.all}
+        for gone in set(self.top.children) - names:
+            self.c.remove(self.top, gone)
+        for name in names - set(self.top.children):
+            self._add(name.decode())
+
+    def _add(self, name: str) -> None:
+        b = self.c.batches
+        d = self.c.mkdir(self.top, name.encode())
+        self.c.add(d, b"status", lambda: _json(b.status(b.all[name])))
+        self.c.add(d, b"diff", lambda: b.diff(b.all[name])).slow = True
+        where = f".rw/batches/{name}/ctl"
+
+        def plain(run: Callable[[Any], Awaitable[None]], verb: str) -> Verb:
+            async def verb_fn(args: list[str], who: dict[str, Any]) -> None:
+                no_args(args, verb, where)
+                await run(b.all[name])
+
+            return verb_fn
+
+        async def scope(args: list[str], who: dict[str, Any]) -> None:
+            await b.set_scope(b.all[name], args, who)
+
+        verbs: dict[str, Verb] = {
+            "commit": plain(b.commit, "commit"),
+            "abort": plain(b.abort, "abort"),
+            "resume": plain(self._resume, "resume"),
+            "rollback": plain(self._rollback, "rollback"),
+            "scope": scope,
+        }
+        self.c.add(d, b"ctl", lambda: b"", verb_file(verbs, where), verbs=True)
+
+    async def _resume(self, batch: Any) -> None:
+        await self.c.batches.resume(batch)
+
+    async def _rollback(self, batch: Any) -> None:
+        await self.c.batches.rollback(batch)
+
+    async def mkdir(self, name: bytes, who: dict[str, Any]) -> None:
+        await self.c.batches.open(name, who)
+        self.refresh()
+
+    async def rmdir(self, name: bytes) -> None:
+        await self.c.batches.forget(name.decode("utf-8", "replace"))
+        self.refresh()
+
+
+class ConflictViews:
+    """``.rw/conflicts/<id>/``: ``info``, ``base``, ``intended``, ``actual``, ``merged``,
+    ``ctl`` for each open conflict (SPEC §6.3)."""
+
+    def __init__(self, control: Control, top: CDir) -> None:
+        self.c = control
+        self.top = top
+        top.refresh = self.refresh
+
+    def refresh(self) -> None:
+        found = {
+            str(c["id"]).encode(): c for c in self.c.ws.store.conflicts() if c["state"] == "open"
+        }
+        for gone in set(self.top.children) - set(found):
+            self.c.remove(self.top, gone)
+        for key in set(found) - set(self.top.children):
+            self._add(found[key])
+
+    def _add(self, info: dict[str, Any]) -> None:
+        ws = self.c.ws
+        d = self.c.mkdir(self.top, str(info["id"]).encode())
+        self.c.add(d, b"info", lambda: _json(info))
+        self.c.add(d, b"base", lambda: conflicts.object_bytes(ws, info["expected"])).slow = True
+        self.c.add(d, b"intended", lambda: conflicts.object_bytes(ws, info["intended"])).slow = True
+        self.c.add(d, b"actual", lambda: conflicts.live_bytes(ws, info["path"])).slow = True
+        self.c.add(d, b"merged", lambda: conflicts.merged(ws, info)).slow = True
+        where = f".rw/conflicts/{info['id']}/ctl"
+
+        def settle(verb: str) -> Verb:
+            async def verb_fn(args: list[str], who: dict[str, Any]) -> None:
+                no_args(args, verb, where)
+                await conflicts.resolve(ws, info["id"], verb, who)
+                self.refresh()
+
+            return verb_fn
+
+        verbs = {v: settle(v) for v in conflicts.VERBS}
+        self.c.add(d, b"ctl", lambda: b"", verb_file(verbs, where), verbs=True)

@@ -20,6 +20,12 @@ POINTS = (
     "before_commit_record",  # every rename of the group done, commit records not written
     "after_commit_record",  # commit records durable, intent log not yet dropped
     "after_unlink",  # a journaled unlink reached the tree, its event not yet recorded
+    # An explicit batch's commit (batches.py):
+    "batch_after_dry_run",  # every path checked, nothing prepared
+    "batch_after_prepare",  # every receipt durable, nothing renamed
+    "batch_after_rename",  # one more path replaced (":N" stops after the N-th)
+    "batch_before_commit_record",  # every path replaced, no commit record
+    "batch_after_commit_record",  # every commit record durable
 )
 
 _armed: dict[str, int] = {}

@@ -21,6 +21,7 @@ import pyfuse3
 import trio
 
 from . import faults
+from .batches import Batches
 from .control import CDir, CFile, Control
 from .inodes import ROOT, Inode, InodeTable
 from .objects import EMPTY_DIGEST
@@ -83,6 +84,7 @@ class ControlHandle:
     data: bytes
     written: bytearray | None = None
     dirty: bool = False  # written since the last flush applied the text
+    who: dict[str, Any] = field(default_factory=dict)  # the opener (a verb's writer)
 
 
 @dataclass(eq=False)
@@ -98,13 +100,19 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
 
     def __init__(
-        self, ws: Workspace, info: dict[str, Any], show_control: bool, timeout: float
+        self,
+        ws: Workspace,
+        batches: Batches,
+        info: dict[str, Any],
+        show_control: bool,
+        timeout: float,
     ) -> None:
         super().__init__()
         self.ws = ws
+        self.batches = batches
         st = os.fstat(ws.root_fd)
         self.inodes = InodeTable((st.st_dev, st.st_ino), first_free=2)
-        self.control = Control(ws, info, self.inodes.allocate)
+        self.control = Control(ws, batches, info, self.inodes.allocate)
         self.control.live["inodes"] = lambda: len(self.inodes.by_ino)
         self.control.live["open_handles"] = lambda: len(self.handles)
         self.show_control = show_control
@@ -248,8 +256,9 @@ class Operations(pyfuse3.Operations):
         await trio.to_thread.run_sync(_drop_kernel_cache, inode.ino)
 
     async def _settle(self, inode: Inode) -> None:
-        """Wait until the inode's queued commit is in the tree."""
-        while inode.pending is not None:
+        """Wait until the inode's queued commit is in the tree (a draft an open batch
+        holds stays until the batch commits: there is nothing to wait for)."""
+        while inode.pending is not None and not inode.pending.held:
             commit = inode.pending
             await self.ws.sync()
             await commit.done.wait()
@@ -272,12 +281,21 @@ class Operations(pyfuse3.Operations):
     def _committed(self, c: Commit) -> None:
         """Called by the committer (on the loop) once a queued commit is settled."""
         inode: Inode | None = c.owner
-        if inode is None:
+        if inode is None:  # rwfs itself wrote the path (a resumed batch, a conflict's verb)
+            inode = self.inodes.by_path.get(c.path)
+            if inode is not None and c.outcome == "committed":
+                if inode.handles == 0 and inode.stage is None and inode.pending is None:
+                    st = os.stat(rel(c.path), dir_fd=self.ws.root_fd, follow_symlinks=False)
+                    self.inodes.rekey(inode, (st.st_dev, st.st_ino))
+                self._invalidate(inode)
             return
         if inode.pending is c:
             inode.pending = None
         if inode.stage is c.stage:
             inode.stage = None
+        elif inode.stage is not None and c.outcome in ("committed", "landed"):
+            # A stage opened on top of a batch's draft: its base is now the tree's bytes.
+            inode.stage.expected = c.intended
         if c.outcome == "committed":
             # The stage's descriptor now reaches the live file: keep it as the backing fd.
             if inode.fd >= 0:
@@ -285,7 +303,7 @@ class Operations(pyfuse3.Operations):
             inode.fd, inode.fd_writable = c.stage.fd, True
             st = os.fstat(inode.fd)
             self.inodes.rekey(inode, (st.st_dev, st.st_ino))
-        elif c.outcome in ("conflict", "error"):
+        elif c.outcome in ("conflict", "error", "aborted", "noop", "landed"):
             self._invalidate(inode)
         self._release_fd(inode)
 
@@ -321,7 +339,13 @@ class Operations(pyfuse3.Operations):
         """Give the inode an open (unsealed) stage, settling a queued commit first."""
         async with inode.lock:
             while inode.stage is None or inode.stage.sealed:
-                if inode.pending is not None:
+                held = inode.pending
+                if held is not None and held.held:
+                    # A draft an open batch holds: build on it, against the batch's base.
+                    inode.stage = await self.ws.new_stage(held.stage.fd, truncate)
+                    inode.stage.expected = held.stage.expected
+                    continue
+                if held is not None:
                     await self._settle(inode)
                     continue
                 self._open_backing(inode, writable=False)
@@ -353,6 +377,14 @@ class Operations(pyfuse3.Operations):
                 self._orphan_stage(inode)
                 return
             path = inode.path
+            held = inode.pending if inode.pending is not None and inode.pending.held else None
+            if held is not None and intended in (held.intended, stage.expected):
+                # The batch's draft again, or the batch's base again (no change left).
+                self.ws.drop_stage(stage)
+                inode.stage = held.stage
+                if intended == stage.expected:
+                    await self.batches.unhold(self.batches.all[str(held.batch)], path)
+                return
             if intended == stage.expected:
                 self.ws.drop_stage(stage)
                 inode.stage = None
@@ -396,6 +428,13 @@ class Operations(pyfuse3.Operations):
                     {"gate": f.gate, "message": f.message, **f.details} for f in findings
                 ]
             commit = Commit(path, stage, intended, size, info, owner=inode)
+            # A file an open batch holds stays in it, whoever writes it (every writer
+            # built on the draft); otherwise the batch whose scope the writer is in.
+            batch = self.batches.all.get(str(held.batch)) if held else None
+            batch = batch or self.batches.for_writer(ctx_info)
+            if batch is not None and await self.batches.hold(batch, commit, wait):
+                inode.pending = commit
+                return
             inode.pending = commit
             try:
                 await self.ws.submit(commit, wait)
@@ -538,6 +577,13 @@ class Operations(pyfuse3.Operations):
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
+        node = self.control.get(parent_inode)
+        if isinstance(node, CDir) and node.mkdir is not None:  # e.g. .rw/batches/NAME
+            await node.mkdir(name, self._who(ctx))
+            child = self.control.child(node, name)
+            if child is None:
+                raise pyfuse3.FUSEError(errno.EIO)
+            return self._control_attr(child)
         path = self._parent_path(parent_inode, name)
         with self._journal(self._journaled(path, None, True), ctx, "mkdir", path):
             os.mkdir(path, mode & ~ctx.umask, dir_fd=self.ws.root_fd)
@@ -609,6 +655,10 @@ class Operations(pyfuse3.Operations):
 
     @_guard()
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        node = self.control.get(parent_inode)
+        if isinstance(node, CDir) and node.rmdir is not None:
+            await node.rmdir(name)
+            return
         await self._remove(parent_inode, name, ctx, is_dir=True)
 
     @_guard()
@@ -729,7 +779,7 @@ class Operations(pyfuse3.Operations):
                 data = await trio.to_thread.run_sync(node.render)
             else:
                 data = node.render()
-            h = ControlHandle(node, data, bytearray() if writable else None)
+            h = ControlHandle(node, data, bytearray() if writable else None, who=self._who(ctx))
             return pyfuse3.FileInfo(fh=self._fh(h), direct_io=True)
         i = self._inode(inode)
         writable = flags & os.O_ACCMODE != os.O_RDONLY
@@ -786,7 +836,7 @@ class Operations(pyfuse3.Operations):
         if isinstance(h, ControlHandle):
             assert h.written is not None
             if h.node.verbs and h.node.write is not None:
-                await h.node.write(buf)
+                await h.node.write(buf, h.who)
                 return len(buf)
             end = off + len(buf)
             if end > 1 << 20:
@@ -818,7 +868,7 @@ class Operations(pyfuse3.Operations):
             # shell closes a duplicate descriptor before it writes anything).
             if h.dirty and h.written is not None and h.node.write is not None:
                 h.dirty = False
-                await h.node.write(bytes(h.written))
+                await h.node.write(bytes(h.written), h.who)
             return
         assert isinstance(h, Handle)
         if h.dirty:
@@ -859,7 +909,7 @@ class Operations(pyfuse3.Operations):
         node = self.control.get(inode)
         if node is not None:
             assert isinstance(node, CDir)
-            return self._fh(DirHandle(None, sorted(node.children), node=node))
+            return self._fh(DirHandle(None, self.control.listing(node), node=node))
         i = self._inode(inode)
         fd = os.open(
             rel(i.path),
@@ -884,7 +934,9 @@ class Operations(pyfuse3.Operations):
         for idx in range(start_id, len(h.entries)):
             name = h.entries[idx]
             if h.node is not None:
-                node = h.node.children[name]
+                node = h.node.children.get(name)
+                if node is None:
+                    continue  # gone since opendir (a batch removed, a conflict settled)
                 if not pyfuse3.readdir_reply(token, name, self._control_attr(node), idx + 1):
                     return
                 continue

@@ -6,7 +6,8 @@ Checks, each reported as one line of drift:
   than ``max_journaled_bytes`` — is not checked: rwfs makes no claim about it);
 - every path it recorded as deleted is absent;
 - no receipt is unsettled and no intent-log generation is unapplied (else recovery is owed:
-  mount once to run it);
+  mount once to run it), save an interrupted batch's owed writes, whose files must still
+  hold their expected (or intended) bytes;
 - every object the journal lists exists and holds the bytes its name says.
 
 Blocking: runs in the CLI process, against the raw tree (offline, or mounted through the
@@ -32,7 +33,18 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     state_fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        interrupted = {b["name"] for b in store.batches() if b["state"] == "interrupted"}
         for r in store.unsettled():
+            if r.get("batch") in interrupted:
+                # An interrupted batch's owed write: recovery classified it; it waits for
+                # resume or rollback, and the file must still hold its expected bytes.
+                if _digest_at(root_fd, r["path"]) in (r["expected"], r["intended"]):
+                    continue
+                problems.append(
+                    f"{r['path']}: owed by interrupted batch {r['batch']}, but holds neither "
+                    "its expected nor its intended bytes: mount to record the conflict"
+                )
+                continue
             problems.append(
                 f"receipt {r['id']} for {r['path']} is unsettled ({r['state']}): mount to recover it"
             )
@@ -115,3 +127,14 @@ def main_fsck(root: str, state: str) -> int:
         return 1
     print("fsck: the journal, the object store and the tree agree")
     return 0
+
+
+def _digest_at(root_fd: int, path: str) -> str | None:
+    try:
+        fd = os.open(os.fsencode(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=root_fd)
+    except OSError:
+        return None
+    try:
+        return digest_fd(fd)[0]
+    finally:
+        os.close(fd)

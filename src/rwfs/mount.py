@@ -21,6 +21,7 @@ import pyfuse3
 import trio
 
 from . import faults
+from .batches import Batches
 from .control import write_state_file
 from .fs import Operations
 from .policy import DEFAULT_TEXT, Policy, PolicyError
@@ -120,7 +121,8 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
     policy = load_policy(state_fd)
     store = Store(f"/proc/self/fd/{state_fd}/journal")
     ws = Workspace(root_fd, state_fd, store, policy)
-    summary = recover(ws, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    batches = Batches(ws)
+    summary = recover(ws, batches, progress=lambda m: print(m, file=sys.stderr, flush=True))
     if any(summary.values()):
         print(f"rwfs: recovered: {summary}", file=sys.stderr, flush=True)
     ws.open_intents()
@@ -135,7 +137,9 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
     }
     # Over the workspace only rwfs changes the tree, so the kernel may cache long; with a
     # separate mount point the raw tree can change behind our back.
-    ops = Operations(ws, info, "show_control" in options, timeout=60.0 if overmount else 1.0)
+    ops = Operations(
+        ws, batches, info, "show_control" in options, timeout=60.0 if overmount else 1.0
+    )
     fuse_opts = set(pyfuse3.default_options) | {"fsname=rwfs", "subtype=rwfs"}
     fuse_opts |= options - OUR_OPTIONS
     try:

@@ -59,6 +59,10 @@ retry_budget = 3
 # error -74"; EIO is known everywhere).
 refusal_errno = "EBADMSG"
 
+# An explicit batch whose commit was interrupted by a crash: "manual" (it waits for
+# `resume` or `rollback` in .rw/batches/NAME/ctl) or "auto" (recovery rolls it forward).
+resume = "manual"
+
 # Paths written in place, unjournaled (.gitignore syntax; a glob not starting with "/"
 # matches at any depth).
 passthrough = [
@@ -108,6 +112,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "passthrough": list,
     "retry_budget": int,
     "refusal_errno": str,
+    "resume": str,
     "gates": dict,
 }
 
@@ -184,6 +189,7 @@ class Policy:
     passthrough: list[str] = field(default_factory=lambda: list(DEFAULT_PASSTHROUGH))
     retry_budget: int = 3
     refusal_errno: str = "EBADMSG"
+    resume: str = "manual"
     gates: dict[str, Any] = field(default_factory=dict)
     text: str = DEFAULT_TEXT
 
@@ -240,6 +246,8 @@ class Policy:
             raise PolicyError("max_journaled_bytes must be positive")
         if raw.get("retry_budget", 3) < 0:
             raise PolicyError("retry_budget must be 0 or more")
+        if raw.get("resume", "manual") not in ("manual", "auto"):
+            raise PolicyError('resume must be "manual" or "auto"')
         name = raw.get("refusal_errno", "EBADMSG")
         if not name.startswith("E") or not isinstance(getattr(errno, name, None), int):
             raise PolicyError(

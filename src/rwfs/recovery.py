@@ -4,7 +4,8 @@
    (namespace operations): these writers were told they succeeded.
 2. Every unsettled receipt is classified by comparing the live file with its digests:
    intended → committed, nothing written; expected → the owed write is performed;
-   neither → a conflict, nothing written; unreadable → stays pending.
+   neither → a conflict, nothing written; unreadable → stays pending. Explicit batches
+   are settled by ``batches.recover``: an owed write of theirs waits for ``resume``.
 3. Removed bytes left in ``objects/incoming`` are hashed into place; orphaned stages go.
 
 Blocking; runs before trio starts.
@@ -17,12 +18,16 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .batches import Batches, is_explicit
+from .batches import recover as recover_batches
 from .intents import IntentLog
 from .objects import digest_fd
 from .workspace import Commit, Stage, Workspace, record_commit, record_event, syncfs
 
 
-def recover(ws: Workspace, progress: Callable[[str], None] | None = None) -> dict[str, int]:
+def recover(
+    ws: Workspace, batches: Batches | None = None, progress: Callable[[str], None] | None = None
+) -> dict[str, int]:
     say = progress or (lambda msg: None)
     summary = {"intents": 0, "committed": 0, "performed": 0, "conflicts": 0, "pending": 0}
     log = IntentLog(ws.state_fd)
@@ -30,11 +35,12 @@ def recover(ws: Workspace, progress: Callable[[str], None] | None = None) -> dic
         _replay_intents(ws, log, summary, say)
     finally:
         log.close()
-    unsettled = ws.store.unsettled()
+    unsettled = [r for r in ws.store.unsettled() if not is_explicit(r)]
     for n, receipt in enumerate(unsettled, 1):
         if n % 500 == 0:
             say(f"recovery: {n}/{len(unsettled)} receipts")
         summary[_settle(ws, receipt)] += 1
+    recover_batches(ws, batches or Batches(ws), summary)
     for adopted in ws.objects.incoming():
         ws.objects.settle_incoming(adopted)
     live_stages = {r["stage"].encode() for r in ws.store.unsettled() if r.get("stage")}

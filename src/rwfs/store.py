@@ -6,6 +6,7 @@ values are listed here, and this docstring is the canonical reference for them.
 ``meta``       — ``b"schema"`` → ASCII schema version (``SCHEMA_VERSION``).
                  ``b"lsn"`` → u64, the last log sequence number handed out.
                  ``b"receipt"`` → u64, the last receipt id handed out.
+                 ``b"notice"`` / ``b"conflict"`` → u64, the last notice / conflict id.
                  ``b"prepared_gen"`` / ``b"applied_gen"`` → u64, the newest intent-log
                  generation whose receipts are prepared / whose events are all applied
                  (see ``intents.py``).
@@ -19,6 +20,15 @@ values are listed here, and this docstring is the canonical reference for them.
                  last journaled content of each path (``digest`` null once deleted).
 ``objects``    — digest (ASCII ``sha256:…``) → JSON ``{size, lsn}``: objects the store
                  holds, with the LSN that first kept them.
+``batches``    — batch name (ASCII) → JSON ``{name, state, opened, scope, entries,
+                 receipts, reasons, noticed}`` (batches.py): ``entries`` maps each path
+                 to ``{expected, intended, size, order, stage}`` (``stage`` is the
+                 staging file holding the draft, or null once the draft is an object);
+                 ``state`` is ``open``, ``committing``, ``committed``, ``aborted``,
+                 ``interrupted`` or ``conflicted``.
+``notices``    — u64 id → JSON notice ``{id, ts, kind, batch, message, …}`` (SPEC §6.2).
+``conflicts``  — u64 id → JSON ``{id, path, batch, expected, intended, actual, reason,
+                 ts, state, resolution}``; ``state`` is ``open`` or ``resolved``.
 
 Paths inside JSON are ``os.fsdecode``d (surrogate escapes keep any byte). File contents
 never enter the journal: they live in the object store.
@@ -40,7 +50,17 @@ import lmdb
 
 SCHEMA_VERSION = b"1"
 _U64 = struct.Struct(">Q")
-_DBS = (b"meta", b"events", b"receipts", b"unsettled", b"paths", b"objects")
+_DBS = (
+    b"meta",
+    b"events",
+    b"receipts",
+    b"unsettled",
+    b"paths",
+    b"objects",
+    b"batches",
+    b"notices",
+    b"conflicts",
+)
 
 
 class JournalUnavailable(Exception):
@@ -150,6 +170,36 @@ class Txn:
         raw = self._t.get(u64(rid), db=self._s.db[b"receipts"])
         return json.loads(bytes(raw)) if raw else None
 
+    def batch(self, name: str) -> dict[str, Any] | None:
+        raw = self._t.get(name.encode(), db=self._s.db[b"batches"])
+        return json.loads(bytes(raw)) if raw else None
+
+    def put_batch(self, batch: dict[str, Any]) -> None:
+        self._t.put(batch["name"].encode(), json.dumps(batch).encode(), db=self._s.db[b"batches"])
+
+    def delete_batch(self, name: str) -> None:
+        self._t.delete(name.encode(), db=self._s.db[b"batches"])
+
+    def new_notice(self, notice: dict[str, Any]) -> int:
+        nid = self._next(b"notice")
+        notice = {"id": nid, "ts": now_iso(), **notice}
+        self._t.put(u64(nid), json.dumps(notice).encode(), db=self._s.db[b"notices"])
+        return nid
+
+    def new_conflict(self, conflict: dict[str, Any]) -> int:
+        cid = self._next(b"conflict")
+        self.put_conflict({"id": cid, "ts": now_iso(), "state": "open", **conflict})
+        self.bump("conflicts")
+        return cid
+
+    def put_conflict(self, conflict: dict[str, Any]) -> None:
+        key = u64(conflict["id"])
+        self._t.put(key, json.dumps(conflict).encode(), db=self._s.db[b"conflicts"])
+
+    def conflict(self, cid: int) -> dict[str, Any] | None:
+        raw = self._t.get(u64(cid), db=self._s.db[b"conflicts"])
+        return json.loads(bytes(raw)) if raw else None
+
 
 class Store:
     """The journal environment. One per process, opened before the mount is served."""
@@ -243,6 +293,9 @@ class Store:
             rows = [txn.get(k, db=self.db[b"receipts"]) for k in ids]
             return [json.loads(bytes(r)) for r in rows if r is not None]
 
+    def receipts_of(self, batch: str) -> list[dict[str, Any]]:
+        return [r for r in self.receipts() if r.get("batch") == batch]
+
     def receipts(self) -> Iterator[dict[str, Any]]:
         with self.env.begin() as txn:
             rows = [json.loads(raw) for _, raw in txn.cursor(db=self.db[b"receipts"])]
@@ -255,6 +308,29 @@ class Store:
     def objects(self) -> dict[str, dict[str, Any]]:
         with self.env.begin() as txn:
             return {k.decode(): json.loads(v) for k, v in txn.cursor(db=self.db[b"objects"])}
+
+    def _all(self, db: bytes) -> list[dict[str, Any]]:
+        with self.env.begin() as txn:
+            return [json.loads(raw) for _, raw in txn.cursor(db=self.db[db])]
+
+    def batches(self) -> list[dict[str, Any]]:
+        return self._all(b"batches")
+
+    def batch(self, name: str) -> dict[str, Any] | None:
+        with self.env.begin() as txn:
+            raw = txn.get(name.encode(), db=self.db[b"batches"])
+        return json.loads(raw) if raw else None
+
+    def conflict(self, cid: int) -> dict[str, Any] | None:
+        with self.env.begin() as txn:
+            raw = txn.get(u64(cid), db=self.db[b"conflicts"])
+        return json.loads(raw) if raw else None
+
+    def notices(self) -> list[dict[str, Any]]:
+        return self._all(b"notices")
+
+    def conflicts(self) -> list[dict[str, Any]]:
+        return self._all(b"conflicts")
 
     def size_bytes(self) -> int:
         info = self.env.info()

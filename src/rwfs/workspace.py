@@ -160,6 +160,8 @@ class Commit:
     error: RwfsError | None = None
     new_ino: int = 0
     lsn: int = 0
+    batch: str | None = None  # an explicit batch's name (batches.py); None: a batch of one
+    held: bool = False  # held by an open batch: not queued, the tree waits for its commit
 
 
 @dataclass(eq=False)
@@ -190,7 +192,7 @@ class Workspace:
         self._queue: list[Commit | Event] = []
         self._has_work = trio.Event()
         self._urgent = trio.Event()
-        self._flush_lock = trio.Lock()
+        self.commit_lock = trio.Lock()  # one writer of the tree's commits at a time
         self._closing = False
         self._inflight: list[Commit | Event] = []
         self._budget: dict[tuple[bytes, str], int] = {}  # retries left per (path, refused bytes)
@@ -397,15 +399,7 @@ class Workspace:
             if commit.error is not None:
                 raise commit.error
             if commit.outcome == "conflict":
-                raise RwfsError(
-                    errno.ESTALE,
-                    "stale_precondition",
-                    "conflict",
-                    "The file changed outside rwfs while your write was being committed, so "
-                    "rwfs kept that version and did not write yours; read the file again and "
-                    "re-apply your edit.",
-                    path=fsdecode(commit.path),
-                )
+                raise conflict_error(commit)
         return commit
 
     def announce(self, event: dict[str, Any], incoming: bytes | None = None) -> Event:
@@ -473,7 +467,7 @@ class Workspace:
         await self.flush()
 
     async def flush(self) -> None:
-        async with self._flush_lock:
+        async with self.commit_lock:
             self._urgent = trio.Event()
             if not self._queue:
                 self._has_work = trio.Event()
@@ -673,6 +667,25 @@ def _close_quietly(fd: int) -> None:
         pass
 
 
+def conflict_error(c: Commit) -> RwfsError:
+    """ESTALE for a writer whose commit met a version of the file it did not expect."""
+    where = f".rw/conflicts/{c.info['conflict']}/" if c.info.get("conflict") else ".rw/conflicts/"
+    return RwfsError(
+        errno.ESTALE,
+        "stale_precondition",
+        "conflict",
+        f"{fsdecode(c.path)} changed outside this write before it was committed, so rwfs kept "
+        f"that version and did not write yours; your bytes and a merge are in {where}: read "
+        "the file again and re-apply your edit, or settle the conflict there.",
+        path=fsdecode(c.path),
+        expected=c.stage.expected,
+        intended=c.intended,
+        actual=c.info.get("actual"),
+        batch=c.batch,
+        lsn=c.lsn or None,
+    )
+
+
 def _type_swap(path: bytes) -> RwfsError:
     return RwfsError(
         errno.EPERM,
@@ -690,7 +703,7 @@ def record_commit(txn: Any, c: Commit) -> None:
     ev: dict[str, Any] = {
         "op": "write" if c.outcome in ("committed", "landed") else "conflict",
         "path": fsdecode(c.path),
-        "batch": f"auto-{receipt['id']}",
+        "batch": c.batch or f"auto-{receipt['id']}",
         "expected": c.stage.expected,
         "intended": c.intended,
         "size": c.size,
@@ -714,7 +727,18 @@ def record_commit(txn: Any, c: Commit) -> None:
     receipt["batch"] = ev["batch"]
     if c.outcome == "conflict":
         receipt["state"] = "conflict"
-        txn.bump("conflicts")
+        c.info["conflict"] = receipt["conflict"] = txn.new_conflict(
+            {
+                "path": ev["path"],
+                "batch": ev["batch"],
+                "receipt": receipt["id"],
+                "lsn": lsn,
+                "expected": c.stage.expected,
+                "intended": c.intended,
+                "actual": ev["actual"],
+                "reason": c.info.get("reason", "conflict"),
+            }
+        )
     else:
         receipt["state"] = "committed"
         txn.set_path(c.path, c.intended, lsn)

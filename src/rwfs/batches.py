@@ -1,0 +1,745 @@
+"""Explicit batches: multi-file edits that commit all or nothing (SPEC §6.1-6.2).
+
+While a batch is open, the commits of writers in its scope are *held*: sealed and
+gate-checked like any other, shown by the mount, but not queued for the group committer,
+so the real tree does not change. Each held draft is recorded in the batch's LMDB record
+(``entries``), so a crash never loses it. ``commit`` then runs the batch protocol:
+
+1. dry run: every path still holds its expected digest, is a regular file (or absent, as
+   expected), and passes the gates; if anything fails, nothing is written, the batch stays
+   open and ``status`` says why;
+2. every stage is synced and every receipt prepared, in one durable transaction;
+3. paths are replaced in first-written order (the same check-keep-rename as a single commit);
+4. one durable transaction records every commit and the batch's new state.
+
+Recovery (``recover``) classifies an interrupted batch's receipts by the §6.2 table and
+leaves one notice per batch, in the transaction that classifies it. Nothing here knows
+about FUSE; the FUSE layer learns about settled drafts through ``Workspace.on_committed``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import errno
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from . import faults
+from .store import now_iso
+from .workspace import (
+    _LIMIT,
+    Commit,
+    RwfsError,
+    Stage,
+    Workspace,
+    copy_metadata,
+    fsdecode,
+    record_commit,
+    syncfs,
+)
+
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+OPEN, COMMITTING, COMMITTED = "open", "committing", "committed"
+ABORTED, INTERRUPTED, CONFLICTED = "aborted", "interrupted", "conflicted"
+
+
+def _err(message: str, batch: str | None, errno_: int = errno.EINVAL, **extra: Any) -> RwfsError:
+    error, hint = {
+        errno.ESTALE: ("stale_precondition", "conflict"),
+        errno.EBADMSG: ("blocked", "gate"),
+        errno.EIO: ("journal_unavailable", "io"),
+    }.get(errno_, ("policy_violation", "verb"))
+    where = f".rw/batches/{batch}/ctl" if batch else ".rw/batches"
+    return RwfsError(
+        errno_, error, extra.pop("hint", hint), message, path=where, batch=batch, **extra
+    )
+
+
+def session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:  # the process is gone
+        return None
+
+
+def is_explicit(receipt: dict[str, Any]) -> bool:
+    """Does a receipt belong to an explicit batch (not a batch of one)?"""
+    batch = receipt.get("batch")
+    return bool(batch) and not str(batch).startswith("auto-")
+
+
+def check_name(raw: bytes) -> str:
+    """A batch name as SPEC §6.1 allows it, or EINVAL saying why."""
+    name = raw.decode("utf-8", "replace")
+    if (
+        not _NAME.fullmatch(name)
+        or raw != name.encode()
+        or name in (".", "..")
+        or name.startswith("auto-")
+    ):
+        shown = name[:40] + ("…" if len(name) > 40 else "")
+        raise _err(
+            f"No batch was opened because {shown!r} is not a batch name: use 1 to 64 letters, "
+            "digits, dots, dashes or underscores, not starting with 'auto-'.",
+            None,
+        )
+    return name
+
+
+@dataclass(eq=False)
+class Batch:
+    record: dict[str, Any]
+    held: dict[bytes, Commit] = field(default_factory=dict)  # drafts this mount holds
+    lock: trio.Lock = field(default_factory=trio.Lock)
+
+    @property
+    def name(self) -> str:
+        return str(self.record["name"])
+
+    @property
+    def state(self) -> str:
+        return str(self.record["state"])
+
+
+class Batches:
+    def __init__(self, ws: Workspace) -> None:
+        self.ws = ws
+        self.all: dict[str, Batch] = {r["name"]: Batch(r) for r in ws.store.batches()}
+
+    # ---- lifecycle ----
+
+    async def open(self, raw_name: bytes, who: dict[str, Any]) -> Batch:
+        name = check_name(raw_name)
+        if name in self.all:
+            raise _err(
+                f"No batch was opened because batch {name} already exists (it is "
+                f"{self.all[name].state}); choose another name, or remove a finished batch "
+                "with rmdir first.",
+                name,
+                errno.EEXIST,
+            )
+        record = {
+            "name": name,
+            "state": OPEN,
+            "opened": now_iso(),
+            "opened_by": who,
+            "scope": {"kind": "all"},
+            "entries": {},
+            "reasons": [],
+            "noticed": False,
+        }
+        batch = self.all[name] = Batch(record)
+        try:
+            await self._save(batch)
+        except BaseException:
+            del self.all[name]
+            raise
+        return batch
+
+    async def forget(self, name: str) -> None:
+        """rmdir of a finished batch: its record goes (the journal keeps its events)."""
+        batch = self.all.get(name)
+        if batch is None:
+            raise _err(f"There is no batch {name}.", None, errno.ENOENT)
+        if batch.state not in (COMMITTED, ABORTED):
+            raise _err(
+                f"Batch {name} is {batch.state}, so it was not removed: commit or abort it first.",
+                name,
+                errno.EBUSY,
+            )
+        await trio.to_thread.run_sync(
+            self.ws.store.write, lambda txn: txn.delete_batch(name), limiter=_LIMIT
+        )
+        del self.all[name]
+
+    def for_writer(self, who: dict[str, Any]) -> Batch | None:
+        """The open batch whose scope takes this writer's commits (the newest that does)."""
+        found = None
+        for batch in self.all.values():
+            if batch.state == OPEN and self._in_scope(batch.record["scope"], who):
+                if found is None or batch.record["opened"] >= found.record["opened"]:
+                    found = batch
+        return found
+
+    def _in_scope(self, scope: dict[str, Any], who: dict[str, Any]) -> bool:
+        if scope["kind"] == "uid":
+            return bool(who.get("uid") == scope["uid"])
+        if scope["kind"] == "session":
+            return session_of(who.get("pid", 0)) == scope["sid"]
+        return True
+
+    async def set_scope(self, batch: Batch, args: list[str], who: dict[str, Any]) -> None:
+        if batch.state != OPEN or len(args) != 1 or args[0] not in ("all", "uid", "session"):
+            raise _err(
+                "The scope was not changed: write 'scope all', 'scope uid' (your user's "
+                "writes) or 'scope session' (your terminal session's) to an open batch.",
+                batch.name,
+            )
+        scope: dict[str, Any] = {"kind": args[0]}
+        if args[0] == "uid":
+            scope["uid"] = who["uid"]
+        elif args[0] == "session":
+            scope["sid"] = session_of(who["pid"])
+        batch.record["scope"] = scope
+        await self._save(batch)
+
+    async def hold(self, batch: Batch, commit: Commit, wait: bool) -> bool:
+        """Keep a sealed, gate-checked commit in the batch instead of committing it.
+
+        False if the batch stopped being open meanwhile (the caller commits it alone).
+        """
+        async with batch.lock:
+            if batch.state != OPEN:
+                return False
+            key = fsdecode(commit.path)
+            entries = batch.record["entries"]
+            before = entries.get(key)
+            entries[key] = {
+                "expected": before["expected"] if before else commit.stage.expected,
+                "intended": commit.intended,
+                "size": commit.size,
+                "order": before["order"] if before else len(entries),
+                "stage": commit.stage.name.decode(),
+            }
+            commit.batch, commit.held = batch.name, True
+            commit.stage.expected = entries[key]["expected"]
+            try:
+                if wait:  # fsync(): the draft itself must be on disk
+                    await trio.to_thread.run_sync(os.fsync, commit.stage.fd, limiter=_LIMIT)
+                await self._save(batch)
+            except BaseException:
+                if before is None:
+                    del entries[key]
+                else:
+                    entries[key] = before
+                raise
+            previous = batch.held.get(commit.path)
+            batch.held[commit.path] = commit
+            if previous is not None and previous is not commit:
+                self.ws.drop_stage(previous.stage)
+            return True
+
+    async def unhold(self, batch: Batch, path: bytes) -> None:
+        """The file is back to the batch's base bytes: the batch no longer changes it."""
+        async with batch.lock:
+            batch.record["entries"].pop(fsdecode(path), None)
+            commit = batch.held.pop(path, None)
+            await self._save(batch)
+            if commit is not None:
+                self.ws.drop_stage(commit.stage)
+                self._settled(commit, "noop")
+
+    async def commit(self, batch: Batch) -> None:
+        async with batch.lock:
+            if batch.state != OPEN:
+                raise _err(
+                    f"Batch {batch.name} is {batch.state}, so there is nothing to commit.",
+                    batch.name,
+                )
+            commits = sorted(batch.held.values(), key=lambda c: self._order(batch, c))
+            await self.ws.sync()  # commits queued before the batch's go first
+            async with self.ws.commit_lock:
+                reasons = await trio.to_thread.run_sync(
+                    self._apply, batch, commits, True, limiter=_LIMIT
+                )
+            if reasons:
+                for c in commits:
+                    c.outcome = ""
+                batch.record["reasons"] = reasons
+                await self._save(batch)
+                first = reasons[0]
+                raise _err(
+                    f"Batch {batch.name} was not committed and nothing was written, because "
+                    f"{first['path']}: {first['message']}"
+                    + (f" (and {len(reasons) - 1} more reasons)" if len(reasons) > 1 else "")
+                    + f"; the batch stays open: see .rw/batches/{batch.name}/status, fix it "
+                    "and commit again, or abort.",
+                    batch.name,
+                    first["errno"],
+                    details={"reasons": reasons},
+                )
+            self._finish(batch, commits)
+
+    async def abort(self, batch: Batch) -> None:
+        async with batch.lock:
+            if batch.state not in (OPEN, INTERRUPTED):
+                raise _err(
+                    f"Batch {batch.name} is {batch.state}, so it cannot be aborted.", batch.name
+                )
+            owed = [r for r in self.ws.store.unsettled() if r.get("batch") == batch.name]
+
+            def settle(txn: Any) -> None:
+                for receipt in owed:  # owed writes of an interrupted batch are dropped
+                    txn.put_receipt({**receipt, "state": ABORTED})
+                batch.record["state"] = ABORTED
+                txn.put_batch(batch.record)
+
+            await trio.to_thread.run_sync(self.ws.store.write, settle, limiter=_LIMIT)
+            for commit in batch.held.values():
+                self.ws.drop_stage(commit.stage)
+                self._settled(commit, ABORTED)
+            batch.held.clear()
+
+    async def resume(self, batch: Batch) -> None:
+        """Perform an interrupted batch's owed writes (the §6.2 table, path by path)."""
+        async with batch.lock:
+            if batch.state != INTERRUPTED:
+                raise _err(
+                    f"Batch {batch.name} is {batch.state}; only an interrupted batch resumes.",
+                    batch.name,
+                )
+            async with self.ws.commit_lock:
+                await trio.to_thread.run_sync(self.resume_now, batch, limiter=_LIMIT)
+
+    def resume_now(self, batch: Batch) -> None:
+        """``resume`` (blocking): owed entries become commits of their kept drafts."""
+        commits = []
+        owed = {r["path"]: r for r in self.ws.store.unsettled() if r.get("batch") == batch.name}
+        for key, entry in sorted(batch.record["entries"].items(), key=lambda kv: kv[1]["order"]):
+            receipt = owed.get(key)
+            if entry.get("done") or (entry.get("receipt") and receipt is None):
+                continue  # settled already
+            c = Commit(
+                os.fsencode(key),
+                Stage(-1, b"", entry["expected"]),
+                entry["intended"],
+                entry["size"],
+                {"resumed": True},
+                batch=batch.name,
+            )
+            if receipt is not None:
+                c.info["receipt"] = receipt["id"]
+            commits.append(c)
+        self._apply(batch, commits, False)
+
+    async def rollback(self, batch: Batch) -> None:
+        """Give an interrupted batch's paths their expected bytes back, where they hold the
+        intended ones (digest-guarded); owed writes are dropped; the batch is aborted."""
+        async with batch.lock:
+            if batch.state != INTERRUPTED:
+                raise _err(
+                    f"Batch {batch.name} is {batch.state}; only an interrupted batch rolls "
+                    "back (undo of committed batches comes with history).",
+                    batch.name,
+                )
+            async with self.ws.commit_lock:
+                await trio.to_thread.run_sync(self._rollback, batch, limiter=_LIMIT)
+
+    def _rollback(self, batch: Batch) -> None:
+        reverse = []
+        for key, entry in batch.record["entries"].items():
+            if not entry.get("done") or entry.get("outcome") != COMMITTED:
+                continue
+            if entry["expected"] is None or not self.ws.objects.exists(entry["expected"]):
+                continue
+            reverse.append(
+                Commit(
+                    os.fsencode(key),
+                    Stage(-1, b"", entry["intended"]),
+                    entry["expected"],
+                    0,
+                    {"rollback": True},
+                    batch=batch.name,
+                )
+            )
+        owed = [r for r in self.ws.store.unsettled() if r.get("batch") == batch.name]
+        self._apply(batch, reverse, False, rollback=True)
+
+        def settle(txn: Any) -> None:
+            for receipt in owed:
+                txn.put_receipt({**receipt, "state": ABORTED})
+            batch.record["state"] = ABORTED
+            batch.record["rolled_back"] = True
+            txn.put_batch(batch.record)
+
+        self.ws.store.write(settle)
+
+    # ---- the protocol (blocking: worker thread, or recovery before the mount) ----
+
+    def _order(self, batch: Batch, c: Commit) -> int:
+        return int(batch.record["entries"][fsdecode(c.path)]["order"])
+
+    def _apply(
+        self, batch: Batch, commits: list[Commit], all_or_nothing: bool, rollback: bool = False
+    ) -> list[dict[str, Any]]:
+        """Dry run, prepare, replace, record. With ``all_or_nothing``, any failed check
+        returns the reasons with nothing written; otherwise each path is settled by the
+        §6.2 table (a conflict or a pending path does not stop the others)."""
+        ws = self.ws
+        reasons = self._dry_run(commits, gates=all_or_nothing)
+        if all_or_nothing and reasons:
+            return reasons
+        faults.point("batch_after_dry_run")
+        todo = [c for c in commits if c.outcome != "pending"]
+        for c in todo:
+            if c.stage.fd < 0 and not self._materialize(c):
+                c.outcome = "pending"
+        todo = [c for c in todo if c.outcome != "pending"]
+        if len(todo) > 8:
+            syncfs(ws.staging_fd)
+        else:
+            for c in todo:
+                os.fsync(c.stage.fd)
+
+        def prepare(txn: Any) -> None:
+            for c in todo:
+                if "receipt" in c.info:
+                    txn.put_receipt(
+                        {**txn.receipt(c.info["receipt"]), "stage": c.stage.name.decode()}
+                    )
+                    continue
+                c.info["receipt"] = txn.new_receipt(
+                    {
+                        "batch": batch.name,
+                        "path": fsdecode(c.path),
+                        "expected": c.stage.expected,
+                        "intended": c.intended,
+                        "stage": c.stage.name.decode(),
+                        "size": c.size,
+                    }
+                )
+                if not rollback:
+                    batch.record["entries"][fsdecode(c.path)]["receipt"] = c.info["receipt"]
+            if not rollback:
+                batch.record["state"] = COMMITTING
+                batch.record["reasons"] = []
+            txn.put_batch(batch.record)
+
+        ws.store.write(prepare)
+        faults.point("batch_after_prepare")
+        for c in todo:
+            ws._replace(c)
+            faults.point("batch_after_rename")
+        syncfs(ws.root_fd)
+        faults.point("batch_before_commit_record")
+
+        def record(txn: Any) -> None:
+            for c in todo:
+                record_commit(txn, c)
+                if rollback:
+                    continue
+                entry = batch.record["entries"][fsdecode(c.path)]
+                if c.outcome in ("committed", "landed", "conflict"):
+                    entry["done"] = True
+                    entry["outcome"] = COMMITTED if c.outcome != "conflict" else CONFLICTED
+                    entry.pop("stage", None)
+            if not rollback:
+                entries = batch.record["entries"].values()
+                if not all(e.get("done") for e in entries):
+                    batch.record["state"] = INTERRUPTED
+                elif any(e.get("outcome") == CONFLICTED for e in entries):
+                    batch.record["state"] = CONFLICTED
+                else:
+                    batch.record["state"] = COMMITTED
+            txn.put_batch(batch.record)
+
+        ws.store.write(record)
+        faults.point("batch_after_commit_record")
+        return []
+
+    def _dry_run(self, commits: list[Commit], gates: bool) -> list[dict[str, Any]]:
+        reasons: list[dict[str, Any]] = []
+
+        def fail(c: Commit, errno_: int, reason: str, message: str, **more: Any) -> None:
+            reasons.append(
+                {"path": fsdecode(c.path), "reason": reason, "errno": errno_, "message": message}
+                | more
+            )
+
+        for c in commits:
+            try:
+                live, st = self.ws.live_digest(c.path)
+            except OSError as exc:
+                c.outcome = "pending"
+                fail(c, errno.EIO, "unreadable", f"it cannot be read ({exc.strerror})")
+                continue
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                fail(c, errno.EPERM, "symlink", "it became a symlink or another kind of file")
+            elif live not in (c.stage.expected, c.intended):
+                fail(
+                    c,
+                    errno.ESTALE,
+                    "conflict",
+                    "it changed outside the batch since the batch first wrote it",
+                    expected=c.stage.expected,
+                    actual=live,
+                )
+            elif gates and live != c.intended and c.stage.fd >= 0:
+                fd = os.open(c.path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
+                try:
+                    findings = self.ws._run_gates(c.path, fd, c.stage.fd)
+                finally:
+                    os.close(fd)
+                refused = [f for f in findings if f.action == "reject"]
+                if refused:
+                    fail(c, errno.EBADMSG, refused[0].gate, refused[0].message)
+        return reasons
+
+    def _materialize(self, c: Commit) -> bool:
+        """A stage made from the kept draft (object) of an entry; False if it is gone."""
+        try:
+            fd = self.ws.objects.open(c.intended)
+        except FileNotFoundError:
+            return False
+        try:
+            stage = self.ws._new_stage(fd, truncate=False)
+        finally:
+            os.close(fd)
+        stage.expected = c.stage.expected
+        c.stage = stage
+        live = self._live_fd(c.path)
+        if live is not None:  # the live file's mode, owner and xattrs carry over
+            try:
+                copy_metadata(live, stage.fd, os.fstat(live))
+            finally:
+                os.close(live)
+        return True
+
+    def _live_fd(self, path: bytes) -> int | None:
+        try:
+            return os.open(
+                path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.ws.root_fd
+            )
+        except OSError:
+            return None
+
+    def _finish(self, batch: Batch, commits: list[Commit]) -> None:
+        for c in commits:
+            self._settled(c, c.outcome)
+        batch.held.clear()
+        conflicts = [c for c in commits if c.outcome == "conflict"]
+        if conflicts:
+            raise _err(
+                f"Batch {batch.name} committed, but {len(conflicts)} of its files changed "
+                "outside it at the last moment and were not written: see .rw/conflicts/.",
+                batch.name,
+                errno.ESTALE,
+            )
+
+    def _settled(self, commit: Commit, outcome: str) -> None:
+        commit.outcome = outcome
+        commit.held = False
+        self.ws.on_committed(commit)
+        commit.done.set()
+
+    async def _save(self, batch: Batch) -> None:
+        await trio.to_thread.run_sync(
+            self.ws.store.write, lambda txn: txn.put_batch(batch.record), limiter=_LIMIT
+        )
+
+    # ---- views ----
+
+    def status(self, batch: Batch) -> dict[str, Any]:
+        receipts = {r["id"]: r for r in self.ws.store.receipts_of(batch.name)}
+        paths = []
+        for key, entry in sorted(batch.record["entries"].items(), key=lambda kv: kv[1]["order"]):
+            r = receipts.get(entry.get("receipt", -1))
+            paths.append(
+                {
+                    "path": key,
+                    "expected": entry["expected"],
+                    "intended": entry["intended"],
+                    "state": r["state"] if r else _unreceipted.get(batch.state, "owed"),
+                    **({"receipt": r["id"]} if r else {}),
+                    **({"conflict": r["conflict"]} if r and r.get("conflict") else {}),
+                }
+            )
+        rec = batch.record
+        return {
+            "name": rec["name"],
+            "state": rec["state"],
+            "opened": rec["opened"],
+            "scope": rec["scope"],
+            "reasons": rec.get("reasons", []),
+            "paths": paths,
+            **({"rolled_back": True} if rec.get("rolled_back") else {}),
+        }
+
+    def diff(self, batch: Batch) -> bytes:
+        """A unified diff of the batch against its base (blocking)."""
+        out = []
+        for key, entry in sorted(batch.record["entries"].items(), key=lambda kv: kv[1]["order"]):
+            path = os.fsencode(key)
+            old = self._bytes(entry["expected"], live=path)
+            commit = batch.held.get(path)
+            new = (
+                os.pread(commit.stage.fd, os.fstat(commit.stage.fd).st_size, 0)
+                if commit is not None and commit.stage.fd >= 0
+                else self._bytes(entry["intended"])
+            )
+            out.append(_unified(key, old, new))
+        return b"".join(out)
+
+    def _bytes(self, digest: str | None, live: bytes | None = None) -> bytes | None:
+        if digest is None:
+            return b""
+        fd = -1
+        if live is not None:  # the base of an open batch is the live file
+            got = self._live_fd(live)
+            if got is not None and self.ws.digest_of_fd(got) == digest:
+                fd = got
+            elif got is not None:
+                os.close(got)
+        if fd < 0:
+            try:
+                fd = self.ws.objects.open(digest)
+            except FileNotFoundError:
+                return None
+        try:
+            return os.pread(fd, os.fstat(fd).st_size, 0)
+        finally:
+            os.close(fd)
+
+
+# A path's state before the batch prepared a receipt for it.
+_unreceipted = {OPEN: "staged", ABORTED: "dropped"}
+
+
+def _unified(path: str, old: bytes | None, new: bytes | None) -> bytes:
+    if old is None or new is None:
+        return f"--- a/{path}\n+++ b/{path}\n(the bytes are no longer kept)\n".encode()
+    if b"\0" in old or b"\0" in new:
+        return f"Binary files a/{path} and b/{path} differ\n".encode()
+    a = old.decode("utf-8", "replace").splitlines(keepends=True)
+    b = new.decode("utf-8", "replace").splitlines(keepends=True)
+    lines = difflib.unified_diff(a, b, f"a/{path}", f"b/{path}")
+    return "".join(
+        ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n" for ln in lines
+    ).encode()
+
+
+# ---- recovery (before the mount is served) ----
+
+
+def recover(ws: Workspace, batches: Batches, summary: dict[str, int]) -> None:
+    """Settle every explicit batch a crash interrupted (SPEC §6.2), one notice each."""
+    for batch in list(batches.all.values()):
+        if batch.state == OPEN:
+            _recover_open(ws, batch)
+        elif batch.state in (COMMITTING, INTERRUPTED):
+            _recover_committing(ws, batches, batch, summary)
+
+
+def _keep_draft(ws: Workspace, stage_name: str | None, digest: str) -> bool:
+    """Move a staged draft into the object store if it holds ``digest``."""
+    if not stage_name:
+        return ws.objects.exists(digest)
+    name = stage_name.encode()
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=ws.staging_fd)
+    except FileNotFoundError:
+        return ws.objects.exists(digest)
+    try:
+        ok = ws.digest_of_fd(fd) == digest
+    finally:
+        os.close(fd)
+    if ok:
+        ws.objects._place(ws.staging_fd, name, digest, move=True)
+    return ok
+
+
+def _notice(txn: Any, batch: Batch, message: str) -> None:
+    if not batch.record.get("noticed"):
+        batch.record["noticed"] = True
+        txn.new_notice({"kind": "batch_interrupted", "batch": batch.name, "message": message})
+
+
+def _recover_open(ws: Workspace, batch: Batch) -> None:
+    """Open when rwfs stopped: nothing reached the tree; the drafts are kept as objects."""
+    lost = []
+    for key, entry in batch.record["entries"].items():
+        if not _keep_draft(ws, entry.pop("stage", None), entry["intended"]):
+            lost.append(key)
+    for key in lost:
+        del batch.record["entries"][key]
+    batch.record["state"] = INTERRUPTED
+    n = len(batch.record["entries"])
+
+    def write(txn: Any) -> None:
+        _notice(
+            txn,
+            batch,
+            f"Batch {batch.name} was open when rwfs stopped, so none of its {n} staged "
+            "files reached the tree; their drafts are kept: write 'resume' to "
+            f".rw/batches/{batch.name}/ctl to commit them, or 'abort' to drop them."
+            + (f" Drafts lost: {', '.join(lost)}." if lost else ""),
+        )
+        txn.put_batch(batch.record)
+
+    ws.store.write(write)
+
+
+def _recover_committing(
+    ws: Workspace, batches: Batches, batch: Batch, summary: dict[str, int]
+) -> None:
+    receipts = [r for r in ws.store.unsettled() if r.get("batch") == batch.name]
+    for r in receipts:  # the drafts move to the object store: resume works from there
+        if _keep_draft(ws, r.get("stage"), r["intended"]) and r.get("stage"):
+            ws.store.write(lambda txn, r=r: txn.put_receipt({**r, "stage": None}))
+    if ws.policy.resume == "auto":
+        batch.record["state"] = INTERRUPTED
+        batches.resume_now(batch)
+        summary["performed"] += len(receipts)
+        return
+    # Manual: settle what landed, open conflicts for what changed; owed writes wait.
+    settle = []
+    owed = 0
+    for r in receipts:
+        path = os.fsencode(r["path"])
+        try:
+            live, _ = ws.live_digest(path)
+        except OSError:
+            summary["pending"] += 1
+            owed += 1
+            continue
+        c = Commit(
+            path,
+            Stage(-1, b"", r["expected"]),
+            r["intended"],
+            r.get("size", 0),
+            {"receipt": r["id"], "recovered": True},
+            batch=batch.name,
+        )
+        if live == r["intended"]:
+            c.outcome = "landed"
+            c.info["kept"] = ws.objects.exists(r["expected"] or "")
+            settle.append(c)
+            summary["committed"] += 1
+        elif live == r["expected"]:
+            owed += 1
+        else:
+            c.outcome, c.info["actual"] = "conflict", live
+            settle.append(c)
+            summary["conflicts"] += 1
+
+    def write(txn: Any) -> None:
+        for c in settle:
+            record_commit(txn, c)
+            entry = batch.record["entries"].get(fsdecode(c.path))
+            if entry is not None:
+                entry["done"] = True
+                entry["outcome"] = COMMITTED if c.outcome == "landed" else CONFLICTED
+        unfinished = owed or any(not e.get("done") for e in batch.record["entries"].values())
+        if unfinished:
+            batch.record["state"] = INTERRUPTED
+            _notice(
+                txn,
+                batch,
+                f"Batch {batch.name} was committing when rwfs stopped: {owed} of its files "
+                "still hold their old bytes. Write 'resume' to "
+                f".rw/batches/{batch.name}/ctl to finish it, or 'rollback' to undo the files "
+                "it already wrote.",
+            )
+        else:
+            conflicted = any(
+                e.get("outcome") == CONFLICTED for e in batch.record["entries"].values()
+            )
+            batch.record["state"] = CONFLICTED if conflicted else COMMITTED
+        txn.put_batch(batch.record)
+
+    ws.store.write(write)

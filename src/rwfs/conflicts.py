@@ -1,0 +1,143 @@
+"""Conflicts (SPEC §6.3): a commit met a version of its file it did not expect.
+
+rwfs never overwrites such a version by itself. The conflict is a record in the journal
+(``store.py``: ``conflicts``) with the digests of the three versions: ``base`` (what the
+writer started from), ``intended`` (its bytes, kept as an object) and ``actual`` (what the
+file holds). ``merged`` is git's three-way merge of them. A verb settles it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import tempfile
+from typing import Any
+
+import trio
+
+from .workspace import _LIMIT, Commit, RwfsError, Workspace, conflict_error
+
+VERBS = ("keep-actual", "take-intended", "resolved")
+
+
+def object_bytes(ws: Workspace, digest: str | None) -> bytes:
+    if digest is None:
+        return b""
+    fd = ws.objects.open(digest)
+    try:
+        return os.pread(fd, os.fstat(fd).st_size, 0)
+    finally:
+        os.close(fd)
+
+
+def live_bytes(ws: Workspace, path: str) -> bytes:
+    try:
+        fd = os.open(os.fsencode(path), os.O_RDONLY | os.O_NOFOLLOW, dir_fd=ws.root_fd)
+    except OSError:
+        return b""
+    try:
+        return os.pread(fd, os.fstat(fd).st_size, 0)
+    finally:
+        os.close(fd)
+
+
+def merged(ws: Workspace, info: dict[str, Any]) -> bytes:
+    """A three-way merge of actual and intended from their base, by ``git merge-file``:
+    the agreed changes merged, conflict markers where the two disagree."""
+    texts = {
+        "actual": live_bytes(ws, info["path"]),
+        "base": object_bytes(ws, info["expected"]),
+        "intended": object_bytes(ws, info["intended"]),
+    }
+    if any(b"\0" in t for t in texts.values()):
+        return b"(binary files: no merge; compare actual and intended)\n"
+    with tempfile.TemporaryDirectory(prefix="rwfs-merge-") as tmp:
+        names = []
+        for label, data in texts.items():
+            name = os.path.join(tmp, label)
+            with open(name, "wb") as f:
+                f.write(data)
+            names.append(name)
+        try:
+            got = subprocess.run(
+                ["git", "merge-file", "-p", "-L", "actual", "-L", "base", "-L", "intended", *names],
+                capture_output=True,
+                timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            got = None
+    if got is None or got.returncode < 0 or got.returncode > 127:
+        return (
+            b"<<<<<<< actual\n"
+            + texts["actual"]
+            + b"=======\n"
+            + texts["intended"]
+            + b">>>>>>> intended\n"
+        )
+    return got.stdout
+
+
+async def resolve(ws: Workspace, cid: int, verb: str, who: dict[str, Any]) -> None:
+    """Settle a conflict: ``keep-actual`` and ``resolved`` write nothing; ``take-intended``
+    commits the intended bytes over the file, if it still holds the actual ones."""
+    info = ws.store.conflict(cid)
+    where = f".rw/conflicts/{cid}/ctl"
+    if info is None or info["state"] != "open":
+        raise RwfsError(
+            errno.EINVAL,
+            "policy_violation",
+            "verb",
+            f"Conflict {cid} is not open (it was resolved already), so nothing was done.",
+            path=where,
+        )
+    if verb == "take-intended":
+        await _take_intended(ws, info)
+
+    def settle(txn: Any) -> None:
+        txn.put_conflict({**info, "state": "resolved", "resolution": verb})
+        txn.append_event(
+            {
+                "op": "resolve",
+                "path": info["path"],
+                "batch": info.get("batch"),
+                "conflict": cid,
+                "resolution": verb,
+                **who,
+            }
+        )
+
+    await trio.to_thread.run_sync(ws.store.write, settle, limiter=_LIMIT)
+
+
+async def _take_intended(ws: Workspace, info: dict[str, Any]) -> None:
+    path = os.fsencode(info["path"])
+
+    def stage() -> Any:
+        live, _ = ws.live_digest(path)
+        if live != info["actual"]:
+            return None
+        fd = ws.objects.open(info["intended"])
+        try:
+            s = ws._new_stage(fd, truncate=False)
+        finally:
+            os.close(fd)
+        s.expected = info["actual"]
+        return s
+
+    s = await trio.to_thread.run_sync(stage, limiter=_LIMIT)
+    if s is None:
+        raise RwfsError(
+            errno.ESTALE,
+            "stale_precondition",
+            "conflict",
+            f"{info['path']} changed again since the conflict was recorded, so the intended "
+            "bytes were not written; read .rw/conflicts/"
+            f"{info['id']}/actual and merged again and decide anew.",
+            path=info["path"],
+        )
+    size = os.fstat(s.fd).st_size
+    c = Commit(path, s, info["intended"], size, {"resolution": "take-intended"})
+    await ws.submit(c, wait=True)
+    if c.outcome not in ("committed", "landed"):
+        raise conflict_error(c)
