@@ -145,6 +145,98 @@ journaled, and a write that would break a file is refused. Its control directory
 """
 
 
+def _mount_of(path: str) -> str:
+    """The rwfs mount holding ``path`` (batches and conflicts live in a mounted ``.rw/``)."""
+    here = os.path.realpath(path)
+    mounts = rwfs_mounts()
+    while True:
+        if here in mounts:
+            return here
+        if here == "/":
+            raise QuietError(f"{path} is not inside an rwfs mount: mount the workspace first")
+        here = os.path.dirname(here)
+
+
+def _control(mount: str, *parts: str) -> str:
+    return os.path.join(mount, ".rw", *parts)
+
+
+def _refused(mount: str, exc: OSError) -> QuietError:
+    """The control file refused: its envelope's sentence says why."""
+    try:
+        with open(_control(mount, "last-error")) as f:
+            message = json.load(f)["message"]
+    except (OSError, ValueError, KeyError):
+        message = exc.strerror or str(exc)
+    return QuietError(message)
+
+
+def _verb(mount: str, ctl: str, verb: str) -> None:
+    try:
+        with open(ctl, "w") as f:
+            f.write(verb + "\n")
+    except OSError as exc:
+        raise _refused(mount, exc) from None
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def cmd_batch(a: argparse.Namespace) -> int:
+    mount = _mount_of(a.workspace)
+    if a.action == "status" and a.name is None:
+        top = _control(mount, "batches")
+        for name in sorted(os.listdir(top)):
+            st = json.loads(_read(os.path.join(top, name, "status")))
+            print(f"{name}\t{st['state']}\t{len(st['paths'])} paths")
+        return 0
+    if a.name is None:
+        raise QuietError(f"rwfs batch {a.action} needs a batch name")
+    where = _control(mount, "batches", a.name)
+    if a.action == "begin":
+        try:
+            os.mkdir(where)
+        except OSError as exc:
+            raise _refused(mount, exc) from None
+        if a.scope:
+            _verb(mount, os.path.join(where, "ctl"), f"scope {a.scope}")
+        print(f"rwfs: batch {a.name} is open: writes are held until 'rwfs batch commit {a.name}'")
+    elif a.action in ("status", "diff"):
+        try:
+            print(_read(os.path.join(where, a.action)), end="")
+        except FileNotFoundError:
+            raise QuietError(f"there is no batch {a.name}") from None
+    else:
+        if not os.path.isdir(where):
+            raise QuietError(f"there is no batch {a.name}")
+        _verb(mount, os.path.join(where, "ctl"), a.action)
+        state = json.loads(_read(os.path.join(where, "status")))["state"]
+        print(f"rwfs: batch {a.name} is {state}")
+    return 0
+
+
+def cmd_conflicts(a: argparse.Namespace) -> int:
+    mount = _mount_of(a.workspace)
+    top = _control(mount, "conflicts")
+    if a.id is None:
+        for cid in sorted(os.listdir(top), key=int):
+            info = json.loads(_read(os.path.join(top, cid, "info")))
+            print(f"{cid}\t{info['path']}\tbatch {info['batch']}\t{info['reason']}")
+        return 0
+    where = os.path.join(top, a.id)
+    if not os.path.isdir(where):
+        raise QuietError(f"there is no open conflict {a.id}")
+    if a.verb is None:
+        print(_read(os.path.join(where, "info")), end="")
+        print(_read(os.path.join(where, "merged")), end="")
+        return 0
+    _verb(mount, os.path.join(where, "ctl"), a.verb)
+    print(f"rwfs: conflict {a.id} resolved ({a.verb})")
+    return 0
+
+
 def cmd_agents_md(a: argparse.Namespace) -> int:
     print(AGENTS_MD, end="")
     return 0
@@ -221,6 +313,19 @@ def parser() -> argparse.ArgumentParser:
     f.set_defaults(fn=cmd_fsck)
     d = sub.add_parser("doctor", help="say what this machine lacks for rwfs")
     d.set_defaults(fn=cmd_doctor)
+    b = sub.add_parser("batch", help="open, inspect, commit or abort an explicit batch")
+    b.add_argument(
+        "action", choices=("begin", "commit", "abort", "status", "diff", "resume", "rollback")
+    )
+    b.add_argument("name", nargs="?", help="the batch (status without one lists them all)")
+    b.add_argument("--scope", choices=("all", "uid", "session"), help="with begin: whose writes")
+    b.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
+    b.set_defaults(fn=cmd_batch)
+    c = sub.add_parser("conflicts", help="list, show or resolve conflicts")
+    c.add_argument("id", nargs="?", help="show this conflict (its info and merge)")
+    c.add_argument("verb", nargs="?", choices=("keep-actual", "take-intended", "resolved"))
+    c.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
+    c.set_defaults(fn=cmd_conflicts)
     am = sub.add_parser("agents-md", help="print a paragraph for AGENTS.md / CLAUDE.md")
     am.set_defaults(fn=cmd_agents_md)
     return p

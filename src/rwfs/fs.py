@@ -120,6 +120,8 @@ class Operations(pyfuse3.Operations):
         self.handles: dict[int, Handle | ControlHandle | DirHandle] = {}
         self._next_fh = 1
         self._procs: dict[int, tuple[int, str]] = {}
+        # (process, inode) -> the inode's version when that process last opened it to read.
+        self._reads: dict[tuple[int, int], int] = {}
         ws.on_committed = self._committed
 
     # ---- helpers ----
@@ -427,6 +429,27 @@ class Operations(pyfuse3.Operations):
                 info["warnings"] = [
                     {"gate": f.gate, "message": f.message, **f.details} for f in findings
                 ]
+            stale = self._stale_read(inode, ctx_info)
+            if stale is not None:
+                if self.ws.policy.stale_write == "conflict":
+                    err = await self.ws.stale_conflict(path, stage, intended, stale, ctx_info)
+                    self.ws.drop_stage(stage)
+                    inode.stage = None
+                    if wait:
+                        self._invalidate(inode)
+                    else:
+                        await self._invalidate_now(inode)
+                    raise err
+                info.setdefault("warnings", []).append(
+                    {
+                        "gate": "stale_write",
+                        "message": "this process read an older version of the file than "
+                        "the one it replaced: a change made meanwhile may be lost",
+                        "read": stale,
+                    }
+                )
+                self.ws.stats.count("stale_writes")
+            self._new_version(inode, stage.expected, intended, ctx_info)
             commit = Commit(path, stage, intended, size, info, owner=inode)
             # A file an open batch holds stays in it, whoever writes it (every writer
             # built on the draft); otherwise the batch whose scope the writer is in.
@@ -448,6 +471,25 @@ class Operations(pyfuse3.Operations):
                     self.ws.drop_stage(stage)
                     self._invalidate(inode)
                 raise
+
+    def _stale_read(self, inode: Inode, who: dict[str, Any]) -> str | None:
+        """A lost update (SPEC §6.4): the digest this process last read of the file, if
+        another process changed the file since; else None."""
+        if self.ws.policy.stale_write == "off":
+            return None
+        seen = self._reads.get((who.get("pid", 0), inode.ino))
+        if seen is None or seen == inode.version:
+            return None
+        return inode.digests.get(seen, "unknown")
+
+    def _new_version(self, inode: Inode, old: str, new: str, who: dict[str, Any]) -> None:
+        inode.digests[inode.version] = old
+        inode.version += 1
+        inode.digests[inode.version] = new
+        inode.digests.pop(inode.version - 16, None)
+        key = (who.get("pid", 0), inode.ino)
+        if key in self._reads:  # a writer has seen its own bytes
+            self._reads[key] = inode.version
 
     # ---- lookup and attributes ----
 
@@ -800,7 +842,12 @@ class Operations(pyfuse3.Operations):
             i.handles -= 1
             self._release_fd(i)
             raise
-        fh = self._fh(Handle(i, writable, info=self._who(ctx) if writable else {}))
+        who = self._who(ctx)
+        if journaled and flags & os.O_ACCMODE != os.O_WRONLY and not i.is_dir:
+            if len(self._reads) > 100_000:
+                self._reads.clear()
+            self._reads[(who["pid"], i.ino)] = i.version
+        fh = self._fh(Handle(i, writable, info=who if writable else {}))
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     @_guard()

@@ -38,6 +38,10 @@ class Inode:
     # kept object (the unlink's pre-image), so st_nlink must be reported as 0 by hand.
     unlinked: bool = False
     lock: trio.Lock = field(default_factory=trio.Lock)
+    # Bumped at every commit point that changes what the mount shows, with the digest of
+    # each recent version: stale-write detection compares a writer's last read with it.
+    version: int = 0
+    digests: dict[int, str] = field(default_factory=dict)
 
     @property
     def path(self) -> bytes:

@@ -63,6 +63,11 @@ refusal_errno = "EBADMSG"
 # `resume` or `rollback` in .rw/batches/NAME/ctl) or "auto" (recovery rolls it forward).
 resume = "manual"
 
+# A lost update: a process replaces a file it read before another process changed it.
+# "warn" (the commit proceeds, recorded with a warning), "conflict" (refused with ESTALE,
+# a conflict is opened with the writer's bytes) or "off".
+stale_write = "warn"
+
 # Paths written in place, unjournaled (.gitignore syntax; a glob not starting with "/"
 # matches at any depth).
 passthrough = [
@@ -113,6 +118,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "retry_budget": int,
     "refusal_errno": str,
     "resume": str,
+    "stale_write": str,
     "gates": dict,
 }
 
@@ -190,6 +196,7 @@ class Policy:
     retry_budget: int = 3
     refusal_errno: str = "EBADMSG"
     resume: str = "manual"
+    stale_write: str = "warn"
     gates: dict[str, Any] = field(default_factory=dict)
     text: str = DEFAULT_TEXT
 
@@ -246,6 +253,8 @@ class Policy:
             raise PolicyError("max_journaled_bytes must be positive")
         if raw.get("retry_budget", 3) < 0:
             raise PolicyError("retry_budget must be 0 or more")
+        if raw.get("stale_write", "warn") not in ("warn", "conflict", "off"):
+            raise PolicyError('stale_write must be "warn", "conflict" or "off"')
         if raw.get("resume", "manual") not in ("manual", "auto"):
             raise PolicyError('resume must be "manual" or "auto"')
         name = raw.get("refusal_errno", "EBADMSG")

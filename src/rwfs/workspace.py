@@ -363,6 +363,56 @@ class Workspace:
             batch=None,
         )
 
+    async def stale_conflict(
+        self, path: bytes, stage: Stage, intended: str, read: str, info: dict[str, Any]
+    ) -> RwfsError:
+        """Refuse a lost update (policy ``stale_write = "conflict"``): the writer's bytes are
+        kept, a conflict is opened with what it read as the base, and ESTALE says so."""
+        await trio.to_thread.run_sync(self.objects.keep_fd_copy, stage.fd, intended, limiter=_LIMIT)
+        name = fsdecode(path)
+
+        def write(txn: Any) -> int:
+            ev: dict[str, Any] = {
+                "op": "conflict",
+                "path": name,
+                "batch": None,
+                "expected": read,
+                "intended": intended,
+                "actual": stage.expected,
+                "reason": "stale_write",
+                **{k: info[k] for k in ("pid", "comm", "uid") if k in info},
+            }
+            lsn = txn.append_event(ev)
+            txn.add_object(intended, 0, lsn)
+            return int(
+                txn.new_conflict(
+                    {
+                        "path": name,
+                        "batch": None,
+                        "lsn": lsn,
+                        "expected": read if read != "unknown" else None,
+                        "intended": intended,
+                        "actual": stage.expected,
+                        "reason": "stale_write",
+                    }
+                )
+            )
+
+        cid = await trio.to_thread.run_sync(self.store.write, write, limiter=_LIMIT)
+        return RwfsError(
+            errno.ESTALE,
+            "stale_precondition",
+            "stale_write",
+            f"Your write to {name} was refused because another process changed the file after "
+            f"you read it, and your bytes would erase that change; the file is unchanged: read "
+            f"it again and re-apply your edit (your bytes and a merge are in .rw/conflicts/{cid}/).",
+            path=name,
+            expected=read,
+            intended=intended,
+            actual=stage.expected,
+            batch=None,
+        )
+
     async def digest(self, fd: int) -> str:
         """A file's digest (from the cache when its stat is unchanged), off the loop."""
         return await trio.to_thread.run_sync(self.digest_of_fd, fd, limiter=_LIMIT)
