@@ -137,8 +137,18 @@ journaled, and a write that would break a file is refused. Its control directory
   strategy instead of sending the same text again.
 - A shell redirection (`echo ... > file`) ignores these errors: after writing that way,
   check `.rw/last-error`, or that the file holds what you wrote.
-- **ESTALE** means the file changed under you; **EIO** that the journal could not record the
-  write (nothing was written). Read the file again before you retry.
+- **ESTALE** ("Stale file handle"; Node.js: "Unknown system error -116") means the file
+  changed under you: another process changed it after you read it, or before your write
+  could land. The file keeps that other version. Read it again and re-apply your edit; your
+  bytes, the version you started from and a three-way merge are in `.rw/conflicts/<id>/`
+  (`intended`, `base`, `merged`); `echo keep-actual > .rw/conflicts/<id>/ctl` (or
+  `take-intended`, or `resolved` after merging by hand) settles it.
+- **EIO** means the journal could not record the write: nothing was written.
+- For an edit that spans files, open a batch: `mkdir .rw/batches/NAME`, write the files as
+  usual (the mount shows them, the real tree waits), read `.rw/batches/NAME/diff`, then
+  `echo commit > .rw/batches/NAME/ctl`: all files change at once, or none do and
+  `.rw/batches/NAME/status` says why. `.rw/notices` tells you about a batch a crash
+  interrupted (`resume` or `rollback` in its `ctl`).
 - Without writing: `cat .rw/validate/<path>` says whether a file parses, `.rw/risk/<path>`
   whether it looks like it holds a secret. `.rw/journal` lists recent commits with the
   digests they expected and wrote; `rwfs log <path>` all of them.
