@@ -224,6 +224,24 @@ class Batches:
                 self.ws.drop_stage(previous.stage)
             return True
 
+    async def retarget(self, batch: Batch, commit: Commit, dst: bytes, base: str | None) -> None:
+        """A held draft renamed onto ``dst``: it is now the batch's change of ``dst``, whose
+        base stays what the batch first saw there (``base`` if the batch had not seen it)."""
+        async with batch.lock:
+            entries = batch.record["entries"]
+            moved = entries.pop(fsdecode(commit.path))
+            before = entries.pop(fsdecode(dst), None)
+            moved["expected"] = before["expected"] if before else base
+            entries[fsdecode(dst)] = moved
+            del batch.held[commit.path]
+            replaced = batch.held.pop(dst, None)
+            commit.path, commit.stage.expected = dst, moved["expected"]
+            batch.held[dst] = commit
+            await self._save(batch)
+            if replaced is not None:
+                self.ws.drop_stage(replaced.stage)
+                self._settled(replaced, "replaced")
+
     async def unhold(self, batch: Batch, path: bytes) -> None:
         """The file is back to the batch's base bytes: the batch no longer changes it."""
         async with batch.lock:
@@ -469,7 +487,7 @@ class Batches:
                     expected=c.stage.expected,
                     actual=live,
                 )
-            elif gates and live != c.intended and c.stage.fd >= 0:
+            elif gates and live not in (None, c.intended) and c.stage.fd >= 0:
                 fd = os.open(c.path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
                 try:
                     findings = self.ws._run_gates(c.path, fd, c.stage.fd)
@@ -707,7 +725,7 @@ def _recover_committing(
         )
         if live == r["intended"]:
             c.outcome = "landed"
-            c.info["kept"] = ws.objects.exists(r["expected"] or "")
+            c.info["kept"] = bool(r["expected"]) and ws.objects.exists(r["expected"])
             settle.append(c)
             summary["committed"] += 1
         elif live == r["expected"]:

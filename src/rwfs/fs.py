@@ -70,6 +70,21 @@ def _drop_kernel_cache(ino: int) -> None:
         pass
 
 
+def _drop_kernel_entry(parent_ino: int, name: bytes) -> None:
+    try:
+        pyfuse3.invalidate_entry(parent_ino, name)
+    except OSError:
+        pass
+
+
+def _exists(root_fd: int, path: bytes) -> bool:
+    try:
+        os.stat(path, dir_fd=root_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 @dataclass(eq=False)
 class Handle:
     inode: Inode
@@ -122,6 +137,9 @@ class Operations(pyfuse3.Operations):
         self._procs: dict[int, tuple[int, str]] = {}
         # (process, inode) -> the inode's version when that process last opened it to read.
         self._reads: dict[tuple[int, int], int] = {}
+        # Paths whose bytes are an open batch's draft rather than the tree's file: new
+        # files created in the batch, or a new file renamed over one (Inode.virtual).
+        self._virtual: dict[bytes, Inode] = {}
         ws.on_committed = self._committed
 
     # ---- helpers ----
@@ -293,6 +311,8 @@ class Operations(pyfuse3.Operations):
             return
         if inode.pending is c:
             inode.pending = None
+        if inode.virtual and inode.pending is None:
+            self._unvirtual(inode, keep=c.outcome == "committed")
         if inode.stage is c.stage:
             inode.stage = None
         elif inode.stage is not None and c.outcome in ("committed", "landed"):
@@ -305,9 +325,27 @@ class Operations(pyfuse3.Operations):
             inode.fd, inode.fd_writable = c.stage.fd, True
             st = os.fstat(inode.fd)
             self.inodes.rekey(inode, (st.st_dev, st.st_ino))
-        elif c.outcome in ("conflict", "error", "aborted", "noop", "landed"):
+        elif c.outcome in ("conflict", "error", "aborted", "noop", "landed", "replaced"):
             self._invalidate(inode)
         self._release_fd(inode)
+
+    def _unvirtual(self, inode: Inode, keep: bool) -> None:
+        """A batch-created file's draft is settled: committed, it is the tree's file now;
+        otherwise (aborted, or a file appeared there first) the name shows the tree again."""
+        inode.virtual = False
+        for p in list(inode.paths):
+            if self._virtual.get(p) is inode:
+                del self._virtual[p]
+        if keep:
+            return
+        for p in list(inode.paths):
+            self.inodes.detach(p)
+            parent = self.inodes.by_path.get(p.rpartition(b"/")[0])
+            if parent is not None:
+                trio.lowlevel.spawn_system_task(
+                    trio.to_thread.run_sync, _drop_kernel_entry, parent.ino, p.rpartition(b"/")[2]
+                )
+        self.inodes.orphan(inode)
 
     def _release_fd(self, inode: Inode) -> None:
         if inode.handles == 0 and inode.stage is None and inode.pending is None:
@@ -480,9 +518,9 @@ class Operations(pyfuse3.Operations):
         seen = self._reads.get((who.get("pid", 0), inode.ino))
         if seen is None or seen == inode.version:
             return None
-        return inode.digests.get(seen, "unknown")
+        return inode.digests.get(seen) or "unknown"
 
-    def _new_version(self, inode: Inode, old: str, new: str, who: dict[str, Any]) -> None:
+    def _new_version(self, inode: Inode, old: str | None, new: str, who: dict[str, Any]) -> None:
         inode.digests[inode.version] = old
         inode.version += 1
         inode.digests[inode.version] = new
@@ -505,6 +543,10 @@ class Operations(pyfuse3.Operations):
         if parent_inode == ROOT and name == b".rw":
             return self._control_attr(self.control.root)
         path = self._join(parent, name)
+        virtual = self._virtual.get(path)
+        if virtual is not None:
+            virtual.lookups += 1
+            return self._attr(virtual.ino, self._stat(virtual))
         st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
         inode = self.inodes.resolve(path, st)
         inode.lookups += 1
@@ -555,7 +597,7 @@ class Operations(pyfuse3.Operations):
             for c in self.ws.unsettled():
                 if c.path.rpartition(b"/")[0] == path and c.owner is not None:
                     await self._settle(c.owner)
-        targets: list[Any] = [rel(path)]
+        targets: list[Any] = [] if i.virtual else [rel(path)]
         if i.stage is not None:
             targets.append(i.stage.fd)
         changed = []
@@ -577,7 +619,7 @@ class Operations(pyfuse3.Operations):
                 mtime = attr.st_mtime_ns if fields.update_mtime else cur.st_mtime_ns
                 os.utime(t, ns=(atime, mtime), **kw)
                 changed.append("times")
-        if changed and journaled:
+        if changed and journaled and not i.virtual:
             mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else None
             with self._journal(True, ctx, "setattr", path, changed=sorted(set(changed)), mode=mode):
                 pass  # already applied: metadata changes are recorded, not staged
@@ -662,6 +704,12 @@ class Operations(pyfuse3.Operations):
 
     async def _remove(self, parent_inode: int, name: bytes, ctx: Any, is_dir: bool) -> None:
         path = self._parent_path(parent_inode, name)
+        virtual = self._virtual.get(path)
+        if virtual is not None:
+            if is_dir:
+                raise pyfuse3.FUSEError(errno.ENOTDIR)
+            await self._drop_virtual(virtual)
+            return
         inode = self.inodes.by_path.get(path)
         if inode is not None:
             await self._settle(inode)
@@ -691,6 +739,67 @@ class Operations(pyfuse3.Operations):
         if gone is not None and st is not None and st.st_nlink == 1:
             self.inodes.orphan(gone)
 
+    async def _drop_virtual(self, inode: Inode) -> None:
+        """Unlink of a file the open batch created: the batch forgets it; descriptors still
+        open keep reading and writing its stage until their last close."""
+        held = inode.pending
+        async with inode.lock:
+            for p in list(inode.paths):
+                self._virtual.pop(p, None)
+                self.inodes.detach(p)
+            inode.virtual = False
+            self.inodes.orphan(inode)
+            if held is not None and held.held:
+                batch = self.batches.all[str(held.batch)]
+                if inode.stage is held.stage:
+                    inode.stage = None
+                await self.batches.unhold(batch, held.path)
+            self._orphan_stage(inode)
+
+    async def _rename_virtual(self, src: bytes, dst: bytes, flags: int, ctx: Any) -> None:
+        """Rename of a file an open batch created: within the batch, the draft now stands
+        for ``dst`` (a new file there, or new bytes for the file there: the write-a-temp-
+        then-rename pattern). Anything else involving such a file is EXDEV, which makes
+        mv and most tools copy instead."""
+        inode = self._virtual.get(src)
+        if inode is None or flags & pyfuse3.RENAME_EXCHANGE:
+            raise pyfuse3.FUSEError(errno.EXDEV)
+        target = self._virtual.get(dst)
+        real = None
+        if target is None:
+            try:
+                real = os.stat(dst, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+        if (target is not None or real is not None) and flags & pyfuse3.RENAME_NOREPLACE:
+            raise pyfuse3.FUSEError(errno.EEXIST)
+        if real is not None and not (stat.S_ISREG(real.st_mode) and self._journaled(dst, real)):
+            raise pyfuse3.FUSEError(errno.EXDEV)
+        if inode.pending is None or not inode.pending.held:
+            await self._commit(inode, self._who(ctx))  # its bytes join the batch first
+        held = inode.pending
+        if held is None or not held.held:
+            raise pyfuse3.FUSEError(errno.EXDEV)
+        old = target or self.inodes.by_path.get(dst)
+        base = None
+        if old is not None and old.pending is not None and old.pending.held:
+            base = old.pending.stage.expected  # the batch's base of dst
+        elif real is not None:
+            fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
+            try:
+                base = await self.ws.digest(fd)
+            finally:
+                os.close(fd)
+        batch = self.batches.all[str(held.batch)]
+        await self.batches.retarget(batch, held, dst, base)
+        if old is not None:
+            self._virtual.pop(dst, None)
+            self.inodes.detach(dst)
+            self.inodes.orphan(old)
+        del self._virtual[src]
+        self.inodes.move(src, dst)
+        self._virtual[dst] = inode
+
     @_guard()
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         await self._remove(parent_inode, name, ctx, is_dir=False)
@@ -715,6 +824,9 @@ class Operations(pyfuse3.Operations):
     ) -> None:
         src = self._parent_path(old_parent, old_name)
         dst = self._parent_path(new_parent, new_name)
+        if src in self._virtual or dst in self._virtual:
+            await self._rename_virtual(src, dst, flags, ctx)
+            return
         for p in (src, dst):
             await self._settle_below(p)
         sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
@@ -826,7 +938,8 @@ class Operations(pyfuse3.Operations):
         i = self._inode(inode)
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         journaled = self._journaled(i.path, self._stat(i))
-        self._open_backing(i, writable and not journaled)
+        if not i.virtual:
+            self._open_backing(i, writable and not journaled)
         i.handles += 1
         try:
             if writable and flags & os.O_TRUNC:
@@ -855,6 +968,17 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         path = self._parent_path(parent_inode, name)
+        batch = self.batches.for_writer(self._who(ctx)) if self._journaled(path) else None
+        if batch is not None and path not in self._virtual and not _exists(self.ws.root_fd, path):
+            # A new file of an open batch: only a stage until the batch commits.
+            stage = await self.ws.empty_stage(mode & ~ctx.umask & 0o7777, ctx.uid, ctx.gid)
+            inode = self.inodes.resolve(path, os.fstat(stage.fd))
+            inode.virtual, inode.stage = True, stage
+            inode.lookups += 1
+            self._virtual[path] = inode
+            attr = self._attr(inode.ino, self._stat(inode))
+            fi = await self.open(attr.st_ino, flags & ~(os.O_EXCL | os.O_TRUNC), ctx)
+            return fi, attr
         how = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             with self._journal(self._journaled(path), ctx, "create", path, intended=EMPTY_DIGEST):
@@ -972,6 +1096,14 @@ class Operations(pyfuse3.Operations):
             names = [n for n in names if n != b".rw"]
             if self.show_control:
                 names = sorted([*names, b".rw"])
+        if self._virtual:
+            prefix = i.path + b"/" if i.path else b""
+            extra = {
+                p[len(prefix) :]
+                for p in self._virtual
+                if p.startswith(prefix) and b"/" not in p[len(prefix) :]
+            }
+            names = sorted(set(names) | extra)
         return self._fh(DirHandle(i, names, fd))
 
     @_guard()
@@ -994,11 +1126,19 @@ class Operations(pyfuse3.Operations):
                 ):
                     return
                 continue
+            path = h.inode.path + b"/" + name if h.inode.path else name
+            virtual = self._virtual.get(path)
+            if virtual is not None:
+                if not pyfuse3.readdir_reply(
+                    token, name, self._attr(virtual.ino, self._stat(virtual)), idx + 1
+                ):
+                    return
+                virtual.lookups += 1
+                continue
             try:
                 st = os.stat(name, dir_fd=h.fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed since opendir
-            path = h.inode.path + b"/" + name if h.inode.path else name
             inode = self.inodes.resolve(path, st)
             if not pyfuse3.readdir_reply(
                 token,

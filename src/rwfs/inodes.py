@@ -41,7 +41,9 @@ class Inode:
     # Bumped at every commit point that changes what the mount shows, with the digest of
     # each recent version: stale-write detection compares a writer's last read with it.
     version: int = 0
-    digests: dict[int, str] = field(default_factory=dict)
+    digests: dict[int, str | None] = field(default_factory=dict)
+    # Created in an open batch: its bytes are only a stage, not (yet) a file of the tree.
+    virtual: bool = False
 
     @property
     def path(self) -> bytes:

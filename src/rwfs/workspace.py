@@ -140,7 +140,7 @@ class Stage:
 
     fd: int
     name: bytes
-    expected: str
+    expected: str | None  # None: a file that does not exist yet (created in a batch)
     sealed: bool = False
 
 
@@ -278,6 +278,20 @@ class Workspace:
             raise
         return Stage(fd, name, expected)
 
+    async def empty_stage(self, mode: int, uid: int, gid: int) -> Stage:
+        """A stage for a file that does not exist yet (one a batch creates)."""
+
+        def make() -> Stage:
+            name = uuid.uuid4().hex.encode()
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            fd = os.open(name, flags, 0o600, dir_fd=self.staging_fd)
+            if os.geteuid() == 0:
+                os.fchown(fd, uid, gid)
+            os.fchmod(fd, mode)
+            return Stage(fd, name, None)
+
+        return await trio.to_thread.run_sync(make, limiter=_LIMIT)
+
     def drop_stage(self, stage: Stage) -> None:
         os.close(stage.fd)
         try:
@@ -299,7 +313,8 @@ class Workspace:
     def _run_gates(self, path: bytes, base_fd: int, stage_fd: int) -> list[gates.Finding]:
         t = time.perf_counter()
         limit = gates.MAX_GATED_BYTES + 1
-        old, new = os.pread(base_fd, limit, 0), os.pread(stage_fd, limit, 0)
+        old = os.pread(base_fd, limit, 0) if base_fd >= 0 else b""  # -1: a new file
+        new = os.pread(stage_fd, limit, 0)
         findings = gates.check(path, old, new, self.policy.gate)
         self.stats.sample("gates", time.perf_counter() - t)
         for f in findings:
