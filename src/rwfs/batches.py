@@ -242,6 +242,36 @@ class Batches:
                 self.ws.drop_stage(replaced.stage)
                 self._settled(replaced, "replaced")
 
+    async def hide(self, batch: Batch, path: bytes, base: str | None) -> None:
+        """An unlink in the batch: the file goes when the batch commits (a deletion is a
+        held commit with no bytes: ``intended`` None)."""
+        async with batch.lock:
+            key = fsdecode(path)
+            entries = batch.record["entries"]
+            before = entries.get(key)
+            expected = before["expected"] if before else base
+            entries[key] = {
+                "expected": expected,
+                "intended": None,
+                "size": 0,
+                "order": before["order"] if before else len(entries),
+                "stage": None,
+            }
+            try:
+                await self._save(batch)
+            except BaseException:
+                if before is None:
+                    del entries[key]
+                else:
+                    entries[key] = before
+                raise
+            gone = Commit(path, Stage(-1, b"", expected), None, 0, {}, batch=batch.name, held=True)
+            replaced = batch.held.get(path)
+            batch.held[path] = gone
+            if replaced is not None:
+                self.ws.drop_stage(replaced.stage)
+                self._settled(replaced, "replaced")
+
     async def unhold(self, batch: Batch, path: bytes) -> None:
         """The file is back to the batch's base bytes: the batch no longer changes it."""
         async with batch.lock:
@@ -353,8 +383,8 @@ class Batches:
         for key, entry in batch.record["entries"].items():
             if not entry.get("done") or entry.get("outcome") != COMMITTED:
                 continue
-            if entry["expected"] is None or not self.ws.objects.exists(entry["expected"]):
-                continue
+            if entry["expected"] is not None and not self.ws.objects.exists(entry["expected"]):
+                continue  # the previous bytes are no longer kept
             reverse.append(
                 Commit(
                     os.fsencode(key),
@@ -395,14 +425,15 @@ class Batches:
         faults.point("batch_after_dry_run")
         todo = [c for c in commits if c.outcome != "pending"]
         for c in todo:
-            if c.stage.fd < 0 and not self._materialize(c):
+            if c.stage.fd < 0 and c.intended is not None and not self._materialize(c):
                 c.outcome = "pending"
         todo = [c for c in todo if c.outcome != "pending"]
         if len(todo) > 8:
             syncfs(ws.staging_fd)
         else:
             for c in todo:
-                os.fsync(c.stage.fd)
+                if c.stage.fd >= 0:
+                    os.fsync(c.stage.fd)
 
         def prepare(txn: Any) -> None:
             for c in todo:
@@ -500,6 +531,8 @@ class Batches:
 
     def _materialize(self, c: Commit) -> bool:
         """A stage made from the kept draft (object) of an entry; False if it is gone."""
+        if c.intended is None:
+            return True  # a deletion needs no bytes
         try:
             fd = self.ws.objects.open(c.intended)
         except FileNotFoundError:
@@ -643,8 +676,10 @@ def recover(ws: Workspace, batches: Batches, summary: dict[str, int]) -> None:
             _recover_committing(ws, batches, batch, summary)
 
 
-def _keep_draft(ws: Workspace, stage_name: str | None, digest: str) -> bool:
+def _keep_draft(ws: Workspace, stage_name: str | None, digest: str | None) -> bool:
     """Move a staged draft into the object store if it holds ``digest``."""
+    if digest is None:
+        return True  # a deletion: no draft
     if not stage_name:
         return ws.objects.exists(digest)
     name = stage_name.encode()

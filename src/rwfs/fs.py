@@ -140,6 +140,7 @@ class Operations(pyfuse3.Operations):
         # Paths whose bytes are an open batch's draft rather than the tree's file: new
         # files created in the batch, or a new file renamed over one (Inode.virtual).
         self._virtual: dict[bytes, Inode] = {}
+        self._hidden: set[bytes] = set()  # paths an open batch deletes: gone from the view
         ws.on_committed = self._committed
 
     # ---- helpers ----
@@ -301,6 +302,10 @@ class Operations(pyfuse3.Operations):
     def _committed(self, c: Commit) -> None:
         """Called by the committer (on the loop) once a queued commit is settled."""
         inode: Inode | None = c.owner
+        if c.intended is None:  # a batch's deletion, committed or dropped
+            self._hidden.discard(c.path)
+            self._drop_entry(c.path)
+            return
         if inode is None:  # rwfs itself wrote the path (a resumed batch, a conflict's verb)
             inode = self.inodes.by_path.get(c.path)
             if inode is not None and c.outcome == "committed":
@@ -340,12 +345,18 @@ class Operations(pyfuse3.Operations):
             return
         for p in list(inode.paths):
             self.inodes.detach(p)
-            parent = self.inodes.by_path.get(p.rpartition(b"/")[0])
-            if parent is not None:
-                trio.lowlevel.spawn_system_task(
-                    trio.to_thread.run_sync, _drop_kernel_entry, parent.ino, p.rpartition(b"/")[2]
-                )
+            self._drop_entry(p)
         self.inodes.orphan(inode)
+
+    def _drop_entry(self, path: bytes) -> None:
+        """Make the kernel look ``path`` up again (its cached entry, or its absence, is
+        stale)."""
+        parent, _, name = path.rpartition(b"/")
+        inode = self.inodes.by_path.get(parent)
+        if inode is not None:
+            trio.lowlevel.spawn_system_task(
+                trio.to_thread.run_sync, _drop_kernel_entry, inode.ino, name
+            )
 
     def _release_fd(self, inode: Inode) -> None:
         if inode.handles == 0 and inode.stage is None and inode.pending is None:
@@ -547,6 +558,8 @@ class Operations(pyfuse3.Operations):
         if virtual is not None:
             virtual.lookups += 1
             return self._attr(virtual.ino, self._stat(virtual))
+        if path in self._hidden:
+            raise pyfuse3.FUSEError(errno.ENOENT)
         st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
         inode = self.inodes.resolve(path, st)
         inode.lookups += 1
@@ -711,6 +724,8 @@ class Operations(pyfuse3.Operations):
             await self._drop_virtual(virtual)
             return
         inode = self.inodes.by_path.get(path)
+        if not is_dir and await self._hide(path, inode, ctx):
+            return
         if inode is not None:
             await self._settle(inode)
         st = None
@@ -739,6 +754,33 @@ class Operations(pyfuse3.Operations):
         if gone is not None and st is not None and st.st_nlink == 1:
             self.inodes.orphan(gone)
 
+    async def _hide(self, path: bytes, inode: Inode | None, ctx: Any) -> bool:
+        """Unlink by a writer an open batch takes (or of a file it holds): the deletion
+        waits for the batch's commit, the file is gone from the view now. False if the
+        unlink is not the batch's."""
+        held = inode.pending if inode is not None and inode.pending is not None else None
+        batch = self.batches.all.get(str(held.batch)) if held and held.held else None
+        batch = batch or self.batches.for_writer(self._who(ctx))
+        if batch is None or path in self._hidden:
+            return False
+        st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        if not (stat.S_ISREG(st.st_mode) and self._journaled(path, st)):
+            return False
+        if held is not None and held.held:
+            base = held.stage.expected
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
+            try:
+                base = await self.ws.digest(fd)
+            finally:
+                os.close(fd)
+        await self.batches.hide(batch, path, base)
+        self._hidden.add(path)
+        gone = self.inodes.detach(path)
+        if gone is not None:
+            self.inodes.orphan(gone)
+        return True
+
     async def _drop_virtual(self, inode: Inode) -> None:
         """Unlink of a file the open batch created: the batch forgets it; descriptors still
         open keep reading and writing its stage until their last close."""
@@ -755,6 +797,20 @@ class Operations(pyfuse3.Operations):
                     inode.stage = None
                 await self.batches.unhold(batch, held.path)
             self._orphan_stage(inode)
+
+    def _batch_rename(self, src: bytes, dst: bytes, ctx: Any) -> bool:
+        if src in self._hidden or dst in self._hidden:
+            return True
+        held = [self.inodes.by_path.get(p) for p in (src, dst)]
+        if any(i is not None and i.pending is not None and i.pending.held for i in held):
+            return True
+        if self.batches.for_writer(self._who(ctx)) is None:
+            return False
+        try:
+            st = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and self._journaled(src, st)
 
     async def _rename_virtual(self, src: bytes, dst: bytes, flags: int, ctx: Any) -> None:
         """Rename of a file an open batch created: within the batch, the draft now stands
@@ -827,6 +883,10 @@ class Operations(pyfuse3.Operations):
         if src in self._virtual or dst in self._virtual:
             await self._rename_virtual(src, dst, flags, ctx)
             return
+        if self._batch_rename(src, dst, ctx):
+            # A rename in an open batch is a copy and a deletion (mv and most tools do
+            # that on EXDEV), both held by the batch.
+            raise pyfuse3.FUSEError(errno.EXDEV)
         for p in (src, dst):
             await self._settle_below(p)
         sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
@@ -969,7 +1029,12 @@ class Operations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         path = self._parent_path(parent_inode, name)
         batch = self.batches.for_writer(self._who(ctx)) if self._journaled(path) else None
-        if batch is not None and path not in self._virtual and not _exists(self.ws.root_fd, path):
+        if (
+            batch is not None
+            and path not in self._virtual
+            and (path in self._hidden or not _exists(self.ws.root_fd, path))
+        ):
+            self._hidden.discard(path)
             # A new file of an open batch: only a stage until the batch commits.
             stage = await self.ws.empty_stage(mode & ~ctx.umask & 0o7777, ctx.uid, ctx.gid)
             inode = self.inodes.resolve(path, os.fstat(stage.fd))
@@ -1096,6 +1161,9 @@ class Operations(pyfuse3.Operations):
             names = [n for n in names if n != b".rw"]
             if self.show_control:
                 names = sorted([*names, b".rw"])
+        if self._hidden:
+            prefix = i.path + b"/" if i.path else b""
+            names = [n for n in names if prefix + n not in self._hidden]
         if self._virtual:
             prefix = i.path + b"/" if i.path else b""
             extra = {
@@ -1188,7 +1256,8 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOTSUP)
         i = self._inode(inode)
         path = f"/proc/self/fd/{self.ws.root_fd}/".encode() + i.path
-        return [path] + ([i.stage.fd] if i.stage is not None else [])
+        stage = [i.stage.fd] if i.stage is not None else []
+        return stage if i.virtual else [path, *stage]  # a batch's new file: only a stage
 
     @_guard()
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:

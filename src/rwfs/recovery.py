@@ -156,7 +156,12 @@ def _settle(ws: Workspace, receipt: dict[str, Any]) -> str:
         if stage_fd is not None:
             ws.drop_stage(stage)
         result = "committed"
-    elif live == receipt["expected"] and stage_fd is not None and _holds(stage_fd, c.intended):
+    elif (
+        live == receipt["expected"]
+        and stage_fd is not None
+        and c.intended is not None
+        and _holds(stage_fd, c.intended)
+    ):
         os.fsync(stage_fd)  # a stage is durable before it is renamed into place
         ws._replace(c)
         syncfs(ws.root_fd)

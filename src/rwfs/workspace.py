@@ -150,7 +150,7 @@ class Commit:
 
     path: bytes
     stage: Stage
-    intended: str
+    intended: str | None  # None: the batch deletes the file (stage unused)
     size: int
     info: dict[str, Any]
     owner: Any = None  # the caller's handle on the file (the FUSE layer's inode)
@@ -293,7 +293,10 @@ class Workspace:
         return await trio.to_thread.run_sync(make, limiter=_LIMIT)
 
     def drop_stage(self, stage: Stage) -> None:
+        if stage.fd < 0:  # a deletion's, or one whose file was already dropped
+            return
         os.close(stage.fd)
+        stage.fd = -1
         try:
             os.unlink(stage.name, dir_fd=self.staging_fd)
         except FileNotFoundError:
@@ -664,7 +667,8 @@ class Workspace:
             item.hash_fd = None
 
     def _replace(self, c: Commit) -> None:
-        """Step 7 of SPEC §3.2 for one commit: check the live file, keep it, rename the stage."""
+        """Step 7 of SPEC §3.2 for one commit: check the live file, keep it, rename the stage
+        (or, for a batch's deletion, unlink the file)."""
         try:
             live, st = self.live_digest(c.path)
             if st is not None and not stat.S_ISREG(st.st_mode):
@@ -673,7 +677,7 @@ class Workspace:
                 return
             if live == c.intended:
                 c.outcome = "landed"
-                self.drop_stage(c.stage)
+                self._keep_intended(c)  # nothing to keep: it is in the tree
                 return
             if live != c.stage.expected:
                 c.outcome = "conflict"
@@ -684,6 +688,10 @@ class Workspace:
                 self.objects.keep_link(self.root_fd, rel(c.path), live)
                 c.info["kept"] = True
             faults.point("after_preimage")
+            if c.intended is None:
+                os.unlink(rel(c.path), dir_fd=self.root_fd)
+                c.outcome = "committed"
+                return
             os.rename(
                 c.stage.name, rel(c.path), src_dir_fd=self.staging_fd, dst_dir_fd=self.root_fd
             )
@@ -716,7 +724,10 @@ class Workspace:
             )
 
     def _keep_intended(self, c: Commit) -> None:
-        self.objects.keep_fd_copy(c.stage.fd, c.intended)
+        if c.stage.fd < 0:  # a deletion: no bytes of its own
+            return
+        if c.outcome != "landed" and c.intended is not None:
+            self.objects.keep_fd_copy(c.stage.fd, c.intended)
         self.drop_stage(c.stage)
 
 
@@ -766,7 +777,9 @@ def record_commit(txn: Any, c: Commit) -> None:
     """The commit record: receipt settled, event appended and path index updated, at once."""
     receipt = txn.receipt(c.info["receipt"])
     ev: dict[str, Any] = {
-        "op": "write" if c.outcome in ("committed", "landed") else "conflict",
+        "op": "conflict"
+        if c.outcome not in ("committed", "landed")
+        else ("unlink" if c.intended is None else "write"),
         "path": fsdecode(c.path),
         "batch": c.batch or f"auto-{receipt['id']}",
         "expected": c.stage.expected,
