@@ -332,6 +332,21 @@ class Batches:
                 self.ws.drop_stage(commit.stage)
                 self._settled(commit, ABORTED)
             batch.held.clear()
+            for d in reversed(batch.record.get("dirs", [])):  # made in the batch, still empty
+                path = os.fsencode(d)
+                try:
+                    os.rmdir(path, dir_fd=self.ws.root_fd)
+                except OSError:
+                    continue
+                self.ws.record({"op": "rmdir", "path": d, "batch": batch.name})
+                self.ws.on_gone(path)
+
+    async def made_dir(self, batch: Batch, path: bytes) -> None:
+        """A directory made by a writer of the open batch: it is in the tree already (only
+        files wait for the commit); an abort removes it again if it is still empty."""
+        async with batch.lock:
+            batch.record.setdefault("dirs", []).append(fsdecode(path))
+            await self._save(batch)
 
     async def resume(self, batch: Batch) -> None:
         """Perform an interrupted batch's owed writes (the §6.2 table, path by path)."""

@@ -142,6 +142,7 @@ class Operations(pyfuse3.Operations):
         self._virtual: dict[bytes, Inode] = {}
         self._hidden: set[bytes] = set()  # paths an open batch deletes: gone from the view
         ws.on_committed = self._committed
+        ws.on_gone = self._gone
 
     # ---- helpers ----
 
@@ -347,6 +348,12 @@ class Operations(pyfuse3.Operations):
             self.inodes.detach(p)
             self._drop_entry(p)
         self.inodes.orphan(inode)
+
+    def _gone(self, path: bytes) -> None:
+        gone = self.inodes.detach(path)
+        if gone is not None:
+            self.inodes.orphan(gone)
+        self._drop_entry(path)
 
     def _drop_entry(self, path: bytes) -> None:
         """Make the kernel look ``path`` up again (its cached entry, or its absence, is
@@ -682,8 +689,12 @@ class Operations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EIO)
             return self._control_attr(child)
         path = self._parent_path(parent_inode, name)
-        with self._journal(self._journaled(path, None, True), ctx, "mkdir", path):
+        journaled = self._journaled(path, None, True)
+        with self._journal(journaled, ctx, "mkdir", path):
             os.mkdir(path, mode & ~ctx.umask, dir_fd=self.ws.root_fd)
+        batch = self.batches.for_writer(self._who(ctx)) if journaled else None
+        if batch is not None:
+            await self.batches.made_dir(batch, path)
         return self._new_entry(path, ctx)
 
     @_guard()

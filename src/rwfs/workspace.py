@@ -199,6 +199,7 @@ class Workspace:
         self.stats = Stats()
         self.journal_ok = True
         self.on_committed: Callable[[Commit], None] = lambda c: None
+        self.on_gone: Callable[[bytes], None] = lambda path: None  # rwfs removed a path
 
     def unsettled(self) -> list[Commit]:
         """Commits sealed but not yet in the tree (queued, or in the group being applied)."""
