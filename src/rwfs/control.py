@@ -18,6 +18,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from . import conflicts, gates
+from .history import History, Version
 from .policy import Policy, PolicyError
 from .workspace import RwfsError, Workspace
 
@@ -131,6 +132,8 @@ class Control:
         self.add(self.root, b"notices", self._notices)
         self.batches_dir = BatchViews(self, self.mkdir(self.root, b"batches"))
         self.conflicts_dir = ConflictViews(self, self.mkdir(self.root, b"conflicts"))
+        self.history = History(ws.store)
+        HistoryViews(self, self.mkdir(self.root, b"history"), b"")
         for ev in ws.store.events():  # drafts refused in earlier mounts stay listed
             if ev["op"] == "refuse" and ev.get("draft"):
                 self._add_rejected(ev["draft"], ev["intended"])
@@ -404,3 +407,39 @@ class ConflictViews:
 
         verbs = {v: settle(v) for v in conflicts.VERBS}
         self.c.add(d, b"ctl", lambda: b"", verb_file(verbs, where), verbs=True)
+
+
+class HistoryViews:
+    """``.rw/history/<path>/``: one read-only file per version of each journaled path,
+    oldest first (SPEC §8); directories mirror the paths that have a history."""
+
+    def __init__(self, control: Control, node: CDir, prefix: bytes) -> None:
+        self.c = control
+        self.node = node
+        self.prefix = prefix
+        node.refresh = self.refresh
+
+    def refresh(self) -> None:
+        h = self.c.history
+        for name in h.children(self.prefix) - set(self.node.children):
+            child = self.c.mkdir(self.node, name)
+            HistoryViews(self.c, child, self.prefix + b"/" + name if self.prefix else name)
+        versions = h.versions(self.prefix) if self.prefix else []
+        for v in versions:
+            key = v.name.encode()
+            retained = v is versions[-1] or self.c.ws.objects.exists(str(v.digest))
+            if key not in self.node.children and retained:
+                self.c.add(self.node, key, self._reader(v)).slow = True
+
+    def _reader(self, v: Version) -> Callable[[], bytes]:
+        path, ws = self.prefix, self.c.ws
+
+        def render() -> bytes:
+            assert v.digest is not None
+            if ws.objects.exists(v.digest):
+                return conflicts.object_bytes(ws, v.digest)
+            if ws.live_digest(path)[0] == v.digest:  # the newest: the live file
+                return conflicts.live_bytes(ws, os.fsdecode(path))
+            return b""  # no longer retained
+
+        return render
