@@ -422,6 +422,80 @@ class Batches:
 
         self.ws.store.write(settle)
 
+    # ---- batches rwfs writes itself: undo, restore (SPEC §8) ----
+
+    def changes_of(self, name: str) -> dict[bytes, tuple[str | None, str | None]]:
+        """What undoing batch ``name`` means: path -> (bytes it holds after the batch,
+        bytes it held before); None stands for an absent file."""
+        before: dict[bytes, str | None] = {}
+        after: dict[bytes, str | None] = {}
+        for ev in self.ws.store.events():
+            if ev.get("batch") != name or ev["op"] not in ("write", "unlink", "rename"):
+                continue
+            path = os.fsencode(ev["path"])
+            if ev["op"] == "rename":
+                if ev.get("exchange") or not ev.get("intended"):
+                    continue  # a directory's rename or an exchange: not undone
+                dest = os.fsencode(ev["dest"])
+                before.setdefault(dest, ev.get("expected"))
+                after[dest] = ev["intended"]
+                before.setdefault(path, ev["intended"])
+                after[path] = None
+            else:
+                before.setdefault(path, ev.get("expected"))
+                after[path] = ev.get("intended") if ev["op"] == "write" else None
+        return {p: (after[p], before[p]) for p in after if after[p] != before[p]}
+
+    async def replay(
+        self, base: str, changes: dict[bytes, tuple[str | None, str | None]], who: dict[str, Any]
+    ) -> Batch:
+        """A batch of rwfs's own (an undo, a restore): each path goes from its current bytes
+        to the target ones, guarded by digests; a path changed meanwhile becomes a conflict
+        (ESTALE once the rest is done). Returns the batch, which can itself be undone."""
+        name = base
+        n = 1
+        while name in self.all:
+            n += 1
+            name = f"{base[:58]}-{n}"
+        entries = {}
+        commits = []
+        for order, (path, (current, target)) in enumerate(sorted(changes.items())):
+            key = fsdecode(path)
+            entries[key] = {"expected": current, "intended": target, "size": 0, "order": order}
+            commits.append(Commit(path, Stage(-1, b"", current), target, 0, dict(who), batch=name))
+        record = {
+            "name": name,
+            "state": COMMITTING,
+            "opened": now_iso(),
+            "opened_by": who,
+            "scope": {"kind": "rwfs"},
+            "entries": entries,
+            "reasons": [],
+            "noticed": False,
+        }
+        batch = self.all[name] = Batch(record)
+        async with batch.lock:
+            await self.ws.sync()
+            async with self.ws.commit_lock:
+                await trio.to_thread.run_sync(self._apply, batch, commits, False, limiter=_LIMIT)
+            for c in commits:
+                self.ws.on_committed(c)
+        conflicts = [c for c in commits if c.outcome == "conflict"]
+        if conflicts or batch.state == INTERRUPTED:
+            raise _err(
+                f"Batch {name} wrote what it could, but "
+                + (
+                    f"{len(conflicts)} file(s) changed since and became conflicts (see "
+                    ".rw/conflicts/)"
+                    if conflicts
+                    else "some files could not be read"
+                )
+                + f"; see .rw/batches/{name}/status.",
+                name,
+                errno.ESTALE if conflicts else errno.EIO,
+            )
+        return batch
+
     # ---- the protocol (blocking: worker thread, or recovery before the mount) ----
 
     def _order(self, batch: Batch, c: Commit) -> int:

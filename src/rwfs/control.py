@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import time
 from collections.abc import Awaitable, Callable
@@ -17,9 +18,12 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from . import conflicts, gates
 from .history import History, Version
 from .policy import Policy, PolicyError
+from .store import now_iso
 from .workspace import RwfsError, Workspace
 
 if TYPE_CHECKING:
@@ -61,6 +65,10 @@ def verb_file(verbs: dict[str, Verb], where: str) -> Writer:
     return write
 
 
+def _verb_error(message: str, where: str = ".rw/ctl") -> RwfsError:
+    return RwfsError(errno.EINVAL, "policy_violation", "verb", message, path=where)
+
+
 def no_args(args: list[str], verb: str, where: str) -> None:
     if args:
         raise RwfsError(
@@ -88,6 +96,7 @@ class CDir(CNode):
     # Directories that mirror the journal (batches/, conflicts/): brought up to date
     # before every lookup and listing.
     refresh: Callable[[], None] | None = None
+    settle: bool = False  # make queued commits journaled first (history/, snapshots/)
     mkdir: Callable[[bytes, dict[str, Any]], Awaitable[None]] | None = None
     rmdir: Callable[[bytes], Awaitable[None]] | None = None
 
@@ -134,6 +143,9 @@ class Control:
         self.conflicts_dir = ConflictViews(self, self.mkdir(self.root, b"conflicts"))
         self.history = History(ws.store)
         HistoryViews(self, self.mkdir(self.root, b"history"), b"")
+        self.snapshots = SnapshotViews(self, self.mkdir(self.root, b"snapshots"))
+        self.verbs["undo"] = self._undo
+        self.verbs["restore"] = self._restore
         for ev in ws.store.events():  # drafts refused in earlier mounts stay listed
             if ev["op"] == "refuse" and ev.get("draft"):
                 self._add_rejected(ev["draft"], ev["intended"])
@@ -277,6 +289,29 @@ class Control:
         events = self.ws.store.events(last=1000)
         return b"".join(json.dumps(ev).encode() + b"\n" for ev in events)
 
+    async def _undo(self, args: list[str], who: dict[str, Any]) -> None:
+        if len(args) != 1:
+            raise _verb_error("undo takes one batch name: write 'undo NAME'.")
+        await self.ws.sync()  # the journal holds every acknowledged write
+        changes = self.batches.changes_of(args[0])
+        if not changes:
+            raise _verb_error(
+                f"Nothing was undone: the journal has no change by batch {args[0]!r} "
+                "(batch names are in .rw/journal and .rw/batches/)."
+            )
+        await self.batches.replay(f"undo-{args[0]}"[:64], changes, who)
+
+    async def _restore(self, args: list[str], who: dict[str, Any]) -> None:
+        if not args:
+            raise _verb_error("restore takes a snapshot name and optional paths.")
+        snap = self.snapshots.get(args[0])
+        if snap is None:
+            raise _verb_error(f"Nothing was restored: there is no snapshot {args[0]!r}.")
+        await self.ws.sync()
+        changes = self.snapshots.changes_since(snap, [os.fsencode(a) for a in args[1:]])
+        if changes:
+            await self.batches.replay(f"restore-{args[0]}"[:64], changes, who)
+
     async def _sync(self, args: list[str], who: dict[str, Any]) -> None:
         no_args(args, "sync", ".rw/ctl")
         await self.ws.sync()
@@ -295,6 +330,10 @@ class Control:
             ) from None
         write_state_file(self.ws.state_fd, b"policy.toml", data)
         self.ws.policy = policy
+
+
+def _constant(data: bytes) -> Callable[[], bytes]:
+    return lambda: data
 
 
 def _json(obj: Any) -> bytes:
@@ -417,7 +456,7 @@ class HistoryViews:
         self.c = control
         self.node = node
         self.prefix = prefix
-        node.refresh = self.refresh
+        node.refresh, node.settle = self.refresh, True
 
     def refresh(self) -> None:
         h = self.c.history
@@ -443,3 +482,150 @@ class HistoryViews:
             return b""  # no longer retained
 
         return render
+
+
+_SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+class SnapshotViews:
+    """``.rw/snapshots/``: ``mkdir NAME`` names the journal's current point; ``NAME/tree/``
+    is the workspace as it was then, read-only (SPEC §8)."""
+
+    def __init__(self, control: Control, top: CDir) -> None:
+        self.c = control
+        self.top = top
+        top.refresh, top.mkdir, top.rmdir = self.refresh, self.mkdir, self.rmdir
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return next((s for s in self.c.ws.store.snapshots() if s["name"] == name), None)
+
+    def refresh(self) -> None:
+        snaps = {s["name"].encode(): s for s in self.c.ws.store.snapshots()}
+        for gone in set(self.top.children) - set(snaps):
+            self.c.remove(self.top, gone)
+        for key in set(snaps) - set(self.top.children):
+            d = self.c.mkdir(self.top, key)
+            snap = snaps[key]
+            self.c.add(d, b"info", _constant(_json(snap)))
+            TreeView(self.c, self.c.mkdir(d, b"tree"), int(snap["lsn"]), b"")
+
+    async def mkdir(self, raw: bytes, who: dict[str, Any]) -> None:
+        name = raw.decode("utf-8", "replace")
+        if not _SNAPSHOT_NAME.fullmatch(name) or name in (".", "..") or raw != name.encode():
+            raise _verb_error(
+                f"No snapshot was made because {name[:40]!r} is not a snapshot name: use 1 to "
+                "64 letters, digits, dots, dashes or underscores.",
+                ".rw/snapshots",
+            )
+        if self.get(name) is not None:
+            raise RwfsError(
+                errno.EEXIST,
+                "policy_violation",
+                "verb",
+                f"Snapshot {name} exists already; choose another name.",
+                path=".rw/snapshots",
+            )
+        await self.c.ws.sync()  # the point named includes every write acknowledged so far
+        snap = {"name": name, "lsn": self.c.ws.store.meta_int(b"lsn"), "ts": now_iso(), **who}
+        await trio.to_thread.run_sync(self.c.ws.store.write, lambda txn: txn.put_snapshot(snap))
+        self.refresh()
+
+    async def rmdir(self, raw: bytes) -> None:
+        name = raw.decode("utf-8", "replace")
+        if self.get(name) is None:
+            raise RwfsError(
+                errno.ENOENT,
+                "policy_violation",
+                "verb",
+                f"There is no snapshot {name}.",
+                path=".rw/snapshots",
+            )
+        await trio.to_thread.run_sync(self.c.ws.store.write, lambda txn: txn.delete_snapshot(name))
+        self.refresh()
+
+    def changes_since(
+        self, snap: dict[str, Any], paths: list[bytes]
+    ) -> dict[bytes, tuple[str | None, str | None]]:
+        """What restoring ``snap`` (or those paths, and what is below them) means: path ->
+        (what the journal says it holds now, what it held then)."""
+        h = self.c.history
+        h.refresh()
+        out = {}
+        for path, versions in h.paths.items():
+            if paths and not any(path == p or path.startswith(p + b"/") for p in paths):
+                continue
+            changed, then = h.state_at(path, int(snap["lsn"]))
+            if changed and versions[-1].digest != then:
+                out[path] = (versions[-1].digest, then)
+        return out
+
+
+class TreeView:
+    """One directory of a snapshot's tree: the live tree's entries, with every journaled
+    path that changed since the snapshot shown as it was then (or hidden, if it did not
+    exist then)."""
+
+    def __init__(self, control: Control, node: CDir, lsn: int, prefix: bytes) -> None:
+        self.c = control
+        self.node = node
+        self.lsn = lsn
+        self.prefix = prefix
+        node.refresh, node.settle = self.refresh, True
+
+    def _entries(self) -> dict[bytes, str | None]:
+        """name -> "dir", or the digest of a file as it was ("live": unchanged since)."""
+        ws, h = self.c.ws, self.c.history
+        out: dict[bytes, str | None] = {}
+        try:
+            fd = os.open(
+                self.prefix or b".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=ws.root_fd
+            )
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                for entry in os.scandir(fd):
+                    name = os.fsencode(entry.name)
+                    if not self.prefix and name == b".rw":
+                        continue
+                    out[name] = "dir" if entry.is_dir(follow_symlinks=False) else "live"
+            finally:
+                os.close(fd)
+        for name in h.children(self.prefix):
+            path = self.prefix + b"/" + name if self.prefix else name
+            changed, then = h.state_at(path, self.lsn)
+            if path in h.paths and changed:
+                if then is None:
+                    out.pop(name, None)
+                else:
+                    out[name] = then
+            if any(
+                p.startswith(path + b"/") and h.state_at(p, self.lsn)[1] is not None
+                for p in h.paths
+            ):
+                out[name] = "dir"
+        return out
+
+    def refresh(self) -> None:
+        entries = self._entries()
+        for gone in set(self.node.children) - set(entries):
+            self.c.remove(self.node, gone)
+        for name, what in entries.items():
+            path = self.prefix + b"/" + name if self.prefix else name
+            node = self.node.children.get(name)
+            if what == "dir":
+                if not isinstance(node, CDir):
+                    self.c.remove(self.node, name)
+                    TreeView(self.c, self.c.mkdir(self.node, name), self.lsn, path)
+                continue
+            if not isinstance(node, CFile):
+                self.c.remove(self.node, name)
+                node = self.c.add(self.node, name, lambda: b"")
+                node.slow = True
+            node.render = self._reader(path, what)
+
+    def _reader(self, path: bytes, what: str | None) -> Callable[[], bytes]:
+        ws = self.c.ws
+        if what == "live":
+            return lambda: conflicts.live_bytes(ws, os.fsdecode(path))
+        return lambda: conflicts.object_bytes(ws, what)

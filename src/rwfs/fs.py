@@ -553,6 +553,8 @@ class Operations(pyfuse3.Operations):
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         node = self.control.get(parent_inode)
         if node is not None:
+            if isinstance(node, CDir) and node.settle:
+                await self.ws.sync()
             child = self.control.child(node, name) if isinstance(node, CDir) else None
             if child is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
@@ -1156,6 +1158,8 @@ class Operations(pyfuse3.Operations):
         node = self.control.get(inode)
         if node is not None:
             assert isinstance(node, CDir)
+            if node.settle:
+                await self.ws.sync()
             return self._fh(DirHandle(None, self.control.listing(node), node=node))
         i = self._inode(inode)
         fd = os.open(

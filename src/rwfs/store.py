@@ -27,6 +27,8 @@ values are listed here, and this docstring is the canonical reference for them.
                  ``state`` is ``open``, ``committing``, ``committed``, ``aborted``,
                  ``interrupted`` or ``conflicted``.
 ``notices``    — u64 id → JSON notice ``{id, ts, kind, batch, message, …}`` (SPEC §6.2).
+``snapshots``  — snapshot name (ASCII) → JSON ``{name, lsn, ts}``: a named point of the
+                 journal (history.py reconstructs the tree at ``lsn``).
 ``conflicts``  — u64 id → JSON ``{id, path, batch, expected, intended, actual, reason,
                  ts, state, resolution}``; ``state`` is ``open`` or ``resolved``.
 
@@ -60,6 +62,7 @@ _DBS = (
     b"batches",
     b"notices",
     b"conflicts",
+    b"snapshots",
 )
 
 
@@ -179,6 +182,12 @@ class Txn:
 
     def delete_batch(self, name: str) -> None:
         self._t.delete(name.encode(), db=self._s.db[b"batches"])
+
+    def put_snapshot(self, snap: dict[str, Any]) -> None:
+        self._t.put(snap["name"].encode(), json.dumps(snap).encode(), db=self._s.db[b"snapshots"])
+
+    def delete_snapshot(self, name: str) -> None:
+        self._t.delete(name.encode(), db=self._s.db[b"snapshots"])
 
     def new_notice(self, notice: dict[str, Any]) -> int:
         nid = self._next(b"notice")
@@ -325,6 +334,9 @@ class Store:
         with self.env.begin() as txn:
             raw = txn.get(u64(cid), db=self.db[b"conflicts"])
         return json.loads(raw) if raw else None
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        return self._all(b"snapshots")
 
     def notices(self) -> list[dict[str, Any]]:
         return self._all(b"notices")

@@ -693,6 +693,8 @@ class Workspace:
                 os.unlink(rel(c.path), dir_fd=self.root_fd)
                 c.outcome = "committed"
                 return
+            if live is None:  # a file restored where a whole directory was removed
+                self._make_parents(c.path)
             os.rename(
                 c.stage.name, rel(c.path), src_dir_fd=self.staging_fd, dst_dir_fd=self.root_fd
             )
@@ -723,6 +725,14 @@ class Workspace:
                 "and the receipt stays pending until the next mount retries it.",
                 path=fsdecode(c.path),
             )
+
+    def _make_parents(self, path: bytes) -> None:
+        parts = path.split(b"/")[:-1]
+        for i in range(1, len(parts) + 1):
+            try:
+                os.mkdir(b"/".join(parts[:i]), 0o755, dir_fd=self.root_fd)
+            except FileExistsError:
+                pass
 
     def _keep_intended(self, c: Commit) -> None:
         if c.stage.fd < 0:  # a deletion: no bytes of its own
