@@ -247,6 +247,43 @@ def cmd_conflicts(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_undo(a: argparse.Namespace) -> int:
+    mount = _mount_of(a.workspace)
+    _verb(mount, _control(mount, "ctl"), f"undo {a.batch}")
+    print(f"rwfs: batch {a.batch} undone (the undo is batch undo-{a.batch}: undo it to redo)")
+    return 0
+
+
+def cmd_snapshot(a: argparse.Namespace) -> int:
+    mount = _mount_of(a.workspace)
+    top = _control(mount, "snapshots")
+    if a.name is None:
+        for name in sorted(os.listdir(top)):
+            info = json.loads(_read(os.path.join(top, name, "info")))
+            print(f"{name}\t{info['ts']}\tlsn {info['lsn']}")
+        return 0
+    try:
+        os.mkdir(os.path.join(top, a.name))
+    except OSError as exc:
+        raise _refused(mount, exc) from None
+    print(f"rwfs: snapshot {a.name}: see {os.path.join(top, a.name, 'tree')}")
+    return 0
+
+
+def cmd_restore(a: argparse.Namespace) -> int:
+    mount = _mount_of(a.workspace)
+    base = os.path.realpath(mount)
+    paths = []
+    for p in a.paths:
+        full = os.path.realpath(p)
+        paths.append(os.path.relpath(full, base) if full.startswith(base + os.sep) else p)
+    if any(" " in p or "\n" in p for p in paths):
+        raise QuietError("paths with spaces cannot be restored by name yet; restore everything")
+    _verb(mount, _control(mount, "ctl"), " ".join(["restore", a.name, *paths]))
+    print(f"rwfs: restored {', '.join(paths) or 'the workspace'} to snapshot {a.name}")
+    return 0
+
+
 def cmd_agents_md(a: argparse.Namespace) -> int:
     print(AGENTS_MD, end="")
     return 0
@@ -336,6 +373,19 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("verb", nargs="?", choices=("keep-actual", "take-intended", "resolved"))
     c.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
     c.set_defaults(fn=cmd_conflicts)
+    un = sub.add_parser("undo", help="undo a batch (digest-guarded; itself a batch)")
+    un.add_argument("batch")
+    un.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
+    un.set_defaults(fn=cmd_undo)
+    sn = sub.add_parser("snapshot", help="name the current point (no name: list snapshots)")
+    sn.add_argument("name", nargs="?")
+    sn.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
+    sn.set_defaults(fn=cmd_snapshot)
+    rs = sub.add_parser("restore", help="bring the tree (or PATHs) back to a snapshot")
+    rs.add_argument("name")
+    rs.add_argument("paths", nargs="*")
+    rs.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
+    rs.set_defaults(fn=cmd_restore)
     am = sub.add_parser("agents-md", help="print a paragraph for AGENTS.md / CLAUDE.md")
     am.set_defaults(fn=cmd_agents_md)
     return p
