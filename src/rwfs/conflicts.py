@@ -93,19 +93,25 @@ async def resolve(ws: Workspace, cid: int, verb: str, who: dict[str, Any]) -> No
         )
     if verb == "take-intended":
         await _take_intended(ws, info)
+    path = os.fsencode(info["path"])
+    # The file's bytes now are the ones the journal accepts for it (the other version's,
+    # the intended ones, or a merge made by hand).
+    now = (await trio.to_thread.run_sync(ws.live_digest, path, limiter=_LIMIT))[0]
 
     def settle(txn: Any) -> None:
         txn.put_conflict({**info, "state": "resolved", "resolution": verb})
-        txn.append_event(
+        lsn = txn.append_event(
             {
                 "op": "resolve",
                 "path": info["path"],
                 "batch": info.get("batch"),
                 "conflict": cid,
                 "resolution": verb,
+                "intended": now,
                 **who,
             }
         )
+        txn.set_path(path, now, lsn)
 
     await trio.to_thread.run_sync(ws.store.write, settle, limiter=_LIMIT)
 

@@ -100,6 +100,9 @@ class ControlHandle:
     written: bytearray | None = None
     dirty: bool = False  # written since the last flush applied the text
     who: dict[str, Any] = field(default_factory=dict)  # the opener (a verb's writer)
+    # A verb that failed: (offset, bytes, errno). Buffered writers (Python's, for one)
+    # write the same bytes again when closing after a failed write; that is no new verb.
+    failed: tuple[int, bytes, int] | None = None
 
 
 @dataclass(eq=False)
@@ -1085,7 +1088,13 @@ class Operations(pyfuse3.Operations):
         if isinstance(h, ControlHandle):
             assert h.written is not None
             if h.node.verbs and h.node.write is not None:
-                await h.node.write(buf, h.who)
+                if h.failed is not None and h.failed[:2] == (off, buf):
+                    raise pyfuse3.FUSEError(h.failed[2])
+                try:
+                    await h.node.write(buf, h.who)
+                except RwfsError as exc:
+                    h.failed = (off, buf, exc.errno)
+                    raise
                 return len(buf)
             end = off + len(buf)
             if end > 1 << 20:

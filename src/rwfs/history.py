@@ -58,7 +58,7 @@ class History:
     def _apply(self, ev: dict[str, Any]) -> None:
         op = ev["op"]
         path = os.fsencode(ev.get("path") or "")
-        if op in ("write", "create") and ev.get("intended"):
+        if op in ("write", "create", "resolve") and ev.get("intended"):
             self._add(path, ev, ev["intended"])
         elif op == "unlink":
             self._add(path, ev, None)

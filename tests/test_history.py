@@ -1,0 +1,187 @@
+"""History, snapshots, restore and undo (SPEC §8) through a real mount."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import RWFS, Mount, check_clean
+
+
+def _ctl(m: Mount, text: str) -> None:
+    (m.path / ".rw" / "ctl").write_text(text + "\n")
+
+
+def _versions(m: Mount, path: str) -> list[str]:
+    """The bytes of every version listed under .rw/history/<path>/, oldest first."""
+    top = m.path / ".rw" / "history" / path
+    return [(top / name).read_text() for name in sorted(p.name for p in top.iterdir())]
+
+
+def _envelope(m: Mount) -> dict[str, object]:
+    return dict(json.loads((m.path / ".rw" / "last-error").read_text()))
+
+
+def test_history_lists_every_version_across_rename_and_delete(mount: Mount) -> None:
+    src = mount.path / "src"
+    src.mkdir()
+    (src / "app.py").write_text("v1\n")
+    (src / "app.py").write_text("v2\n")
+    (src / "app.py").rename(src / "main.py")
+    (src / "main.py").write_text("v3\n")
+    (src / "main.py").unlink()
+    assert _versions(mount, "src/app.py") == ["", "v1\n", "v2\n"]  # created empty, then two
+    # The new name carries the old one's versions; the deleted file's last bytes are kept.
+    assert _versions(mount, "src/main.py") == ["", "v1\n", "v2\n", "v3\n"]
+    names = sorted(p.name for p in (mount.path / ".rw" / "history" / "src" / "main.py").iterdir())
+    assert all(n[:6].isdigit() and "T" in n for n in names)  # LSN first: ls sorts by time
+    res = subprocess.run(
+        [*RWFS, "log", "src/main.py", "-C", str(mount.path)], capture_output=True, text=True
+    )
+    assert res.returncode == 0 and "unlink" in res.stdout and "rename" in res.stdout
+
+
+def test_history_starts_with_the_bytes_before_rwfs(workspace: Path) -> None:
+    (workspace / "old.txt").write_text("from before the mount\n")
+    m = Mount(workspace).start()
+    try:
+        (m.path / "old.txt").write_text("edited\n")
+        assert _versions(m, "old.txt") == ["from before the mount\n", "edited\n"]
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_snapshot_view_stays_put_while_files_change(mount: Mount) -> None:
+    (mount.path / "a.txt").write_text("then\n")
+    (mount.path / "old.txt").write_text("gone later\n")
+    (mount.path / ".rw" / "snapshots" / "s1").mkdir()
+    (mount.path / "a.txt").write_text("now\n")
+    (mount.path / "b.txt").write_text("new file\n")
+    (mount.path / "old.txt").unlink()
+    tree = mount.path / ".rw" / "snapshots" / "s1" / "tree"
+    assert sorted(p.name for p in tree.iterdir()) == ["a.txt", "old.txt"]
+    assert (tree / "a.txt").read_text() == "then\n"
+    assert (tree / "old.txt").read_text() == "gone later\n"
+    assert (mount.path / "a.txt").read_text() == "now\n"
+    with pytest.raises(OSError):
+        (tree / "a.txt").write_text("x")  # read-only
+    info = json.loads((mount.path / ".rw" / "snapshots" / "s1" / "info").read_text())
+    assert info["name"] == "s1" and isinstance(info["lsn"], int)
+
+
+def test_restore_after_rm_rf_brings_the_tree_back(mount: Mount) -> None:
+    src = mount.path / "src"
+    (src / "pkg").mkdir(parents=True)
+    files = {"src/a.py": "a = 1\n", "src/pkg/b.py": "b = 2\n", "src/pkg/c.txt": "c\n"}
+    for rel, text in files.items():
+        (mount.path / rel).write_text(text)
+    (mount.path / ".rw" / "snapshots" / "good").mkdir()
+    (mount.path / "src" / "a.py").write_text("a = 'broken'\n")
+    (mount.path / "late.txt").write_text("made after the snapshot\n")
+    shutil.rmtree(src)
+    _ctl(mount, "restore good")
+    for rel, text in files.items():
+        assert (mount.path / rel).read_text() == text
+    assert not (mount.path / "late.txt").exists()  # it did not exist at the snapshot
+    status = json.loads((mount.path / ".rw" / "batches" / "restore-good" / "status").read_text())
+    assert status["state"] == "committed"
+    # A restore is a batch: undoing it puts the tree back as it was before the restore.
+    _ctl(mount, "undo restore-good")
+    assert not src.exists() or not any(src.rglob("*.py"))
+    assert (mount.path / "late.txt").read_text() == "made after the snapshot\n"
+
+
+def test_restore_of_some_paths_only(mount: Mount) -> None:
+    for name in ("a.txt", "b.txt"):
+        (mount.path / name).write_text(f"{name} then\n")
+    (mount.path / ".rw" / "snapshots" / "s").mkdir()
+    for name in ("a.txt", "b.txt"):
+        (mount.path / name).write_text(f"{name} now\n")
+    _ctl(mount, "restore s a.txt")
+    assert (mount.path / "a.txt").read_text() == "a.txt then\n"
+    assert (mount.path / "b.txt").read_text() == "b.txt now\n"
+
+
+def test_restore_onto_a_hand_edited_file_is_a_conflict(workspace: Path, tmp_path: Path) -> None:
+    point = tmp_path / "mnt"
+    point.mkdir()
+    m = Mount(workspace, point).start()
+    try:
+        (m.path / "f.txt").write_text("snap\n")
+        (m.path / ".rw" / "snapshots" / "s").mkdir()
+        (m.path / "f.txt").write_text("journaled\n")
+        _ctl(m, "sync")
+        (workspace / "f.txt").write_text("by hand\n")  # behind rwfs's back
+        with pytest.raises(OSError) as err:
+            _ctl(m, "restore s")
+        assert err.value.errno == 116  # ESTALE: rwfs does not overwrite an unexpected version
+        assert (m.path / "f.txt").read_text() == "by hand\n"
+        found = [p.name for p in (m.path / ".rw" / "conflicts").iterdir()]
+        infos = [json.loads((m.path / ".rw" / "conflicts" / c / "info").read_text()) for c in found]
+        assert len(found) == 1, json.dumps(infos, indent=1)
+        top = m.path / ".rw" / "conflicts" / found[0]
+        assert (top / "intended").read_text() == "snap\n"
+        assert (top / "actual").read_text() == "by hand\n"
+        assert json.loads((top / "info").read_text())["batch"] == "restore-s"
+        (top / "ctl").write_text("keep-actual\n")
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_undo_of_a_batch_and_undo_of_the_undo(mount: Mount) -> None:
+    (mount.path / "a.txt").write_text("a0\n")
+    (mount.path / "b.txt").write_text("b0\n")
+    (mount.path / ".rw" / "batches" / "edit").mkdir()
+    (mount.path / "a.txt").write_text("a1\n")
+    (mount.path / "b.txt").unlink()
+    (mount.path / "c.txt").write_text("c1\n")
+    (mount.path / ".rw" / "batches" / "edit" / "ctl").write_text("commit\n")
+    _ctl(mount, "undo edit")
+    assert (mount.path / "a.txt").read_text() == "a0\n"
+    assert (mount.path / "b.txt").read_text() == "b0\n"
+    assert not (mount.path / "c.txt").exists()
+    _ctl(mount, "undo undo-edit")
+    assert (mount.path / "a.txt").read_text() == "a1\n"
+    assert not (mount.path / "b.txt").exists()
+    assert (mount.path / "c.txt").read_text() == "c1\n"
+
+
+def test_undo_of_a_changed_file_is_a_conflict_and_the_rest_is_undone(mount: Mount) -> None:
+    (mount.path / "a.txt").write_text("a0\n")
+    (mount.path / "b.txt").write_text("b0\n")
+    (mount.path / ".rw" / "batches" / "e").mkdir()
+    (mount.path / "a.txt").write_text("a1\n")
+    (mount.path / "b.txt").write_text("b1\n")
+    (mount.path / ".rw" / "batches" / "e" / "ctl").write_text("commit\n")
+    (mount.path / "b.txt").write_text("b2 later\n")
+    with pytest.raises(OSError) as err:
+        _ctl(mount, "undo e")
+    assert err.value.errno == 116
+    assert (mount.path / "a.txt").read_text() == "a0\n"
+    assert (mount.path / "b.txt").read_text() == "b2 later\n"
+    assert "conflict" in str(_envelope(mount)["message"])
+
+
+def test_bad_input_to_undo_restore_and_snapshots(mount: Mount) -> None:
+    (mount.path / "a.txt").write_text("x\n")
+    for verb in ("undo", "undo nosuch", "undo a b", "restore", "restore nosuch"):
+        with pytest.raises(OSError) as err:
+            _ctl(mount, verb)
+        assert err.value.errno == 22, verb
+        assert _envelope(mount)["errno"] == "EINVAL"
+    snaps = mount.path / ".rw" / "snapshots"
+    for bad in ("a b", "x" * 65):
+        with pytest.raises(OSError):
+            (snaps / bad).mkdir()
+    (snaps / "ok").mkdir()
+    with pytest.raises(FileExistsError):
+        (snaps / "ok").mkdir()
+    assert [p.name for p in snaps.iterdir()] == ["ok"]
+    (snaps / "ok").rmdir()
+    assert list(snaps.iterdir()) == []
+    assert (mount.path / "a.txt").read_text() == "x\n"
