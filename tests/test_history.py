@@ -185,3 +185,27 @@ def test_bad_input_to_undo_restore_and_snapshots(mount: Mount) -> None:
     (snaps / "ok").rmdir()
     assert list(snaps.iterdir()) == []
     assert (mount.path / "a.txt").read_text() == "x\n"
+
+
+def test_gc_keeps_what_snapshots_and_history_need(mount: Mount) -> None:
+    f = mount.path / "a.txt"
+    for i in range(4):
+        f.write_text(f"v{i}\n")
+        _ctl(mount, "sync")
+    listed = _versions(mount, "a.txt")
+    assert listed == ["", "v0\n", "v1\n", "v2\n", "v3\n"]
+    # Within retain_days nothing goes.
+    res = subprocess.run([*RWFS, "gc", str(mount.path)], capture_output=True, text=True)
+    assert res.returncode == 0 and "removed 0 objects" in res.stdout, res.stdout + res.stderr
+    assert _versions(mount, "a.txt") == listed
+    # retain_days = 0: only what a snapshot, the live file or a conflict needs stays.
+    pol = mount.path / ".rw" / "policy.toml"
+    pol.write_text(pol.read_text().replace("retain_days = 30", "retain_days = 0"))
+    (mount.path / ".rw" / "snapshots" / "s").mkdir()  # holds v3
+    f.write_text("v4\n")
+    res = subprocess.run([*RWFS, "gc", str(mount.path)], capture_output=True, text=True)
+    assert res.returncode == 0 and "removed 0 objects" not in res.stdout, res.stdout
+    assert _versions(mount, "a.txt") == ["v3\n", "v4\n"]  # every listed version still reads
+    assert (mount.path / ".rw" / "snapshots" / "s" / "tree" / "a.txt").read_text() == "v3\n"
+    _ctl(mount, "restore s")
+    assert f.read_text() == "v3\n"

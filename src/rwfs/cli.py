@@ -284,6 +284,36 @@ def cmd_restore(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gc(a: argparse.Namespace) -> int:
+    from .fsck import policy_of
+    from .gc import collect
+    from .objects import ObjectStore
+    from .store import Store
+
+    path = os.path.realpath(a.path)
+    if path in rwfs_mounts() or any(path.startswith(m + os.sep) for m in rwfs_mounts()):
+        mount = _mount_of(path)
+        _verb(mount, _control(mount, "ctl"), "gc")
+        with open(_control(mount, "journal")) as f:
+            done = [json.loads(line) for line in f if '"op": "gc"' in line][-1]
+    else:
+        root, state, _ = _locate(path)
+        store = Store(os.path.join(state, "journal"))
+        state_fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            done = collect(
+                store,
+                ObjectStore(state_fd),
+                policy_of(state_fd),
+                progress=lambda m: print(m, file=sys.stderr),
+            )
+        finally:
+            os.close(state_fd)
+            store.close()
+    print(f"gc: removed {done['removed']} objects, freed {done['freed_bytes']} bytes")
+    return 0
+
+
 def cmd_agents_md(a: argparse.Namespace) -> int:
     print(AGENTS_MD, end="")
     return 0
@@ -386,6 +416,9 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("paths", nargs="*")
     rs.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
     rs.set_defaults(fn=cmd_restore)
+    g = sub.add_parser("gc", help="remove objects no history, snapshot or conflict needs")
+    g.add_argument("path", nargs="?", default=".")
+    g.set_defaults(fn=cmd_gc)
     am = sub.add_parser("agents-md", help="print a paragraph for AGENTS.md / CLAUDE.md")
     am.set_defaults(fn=cmd_agents_md)
     return p

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import conflicts, gates
+from . import conflicts, gates, gc
 from .history import History, Version
 from .policy import Policy, PolicyError
 from .store import now_iso
@@ -142,10 +142,12 @@ class Control:
         self.batches_dir = BatchViews(self, self.mkdir(self.root, b"batches"))
         self.conflicts_dir = ConflictViews(self, self.mkdir(self.root, b"conflicts"))
         self.history = History(ws.store)
-        HistoryViews(self, self.mkdir(self.root, b"history"), b"")
+        self.history_dir = self.mkdir(self.root, b"history")
+        HistoryViews(self, self.history_dir, b"")
         self.snapshots = SnapshotViews(self, self.mkdir(self.root, b"snapshots"))
         self.verbs["undo"] = self._undo
         self.verbs["restore"] = self._restore
+        self.verbs["gc"] = self._gc
         for ev in ws.store.events():  # drafts refused in earlier mounts stay listed
             if ev["op"] == "refuse" and ev.get("draft"):
                 self._add_rejected(ev["draft"], ev["intended"])
@@ -311,6 +313,16 @@ class Control:
         changes = self.snapshots.changes_since(snap, [os.fsencode(a) for a in args[1:]])
         if changes:
             await self.batches.replay(f"restore-{args[0]}"[:64], changes, who)
+
+    async def _gc(self, args: list[str], who: dict[str, Any]) -> None:
+        no_args(args, "gc", ".rw/ctl")
+        await self.ws.sync()
+        async with self.ws.commit_lock:
+            await trio.to_thread.run_sync(
+                gc.collect, self.ws.store, self.ws.objects, self.ws.policy
+            )
+        for name in list(self.history_dir.children):  # listed again from what is left
+            self.remove(self.history_dir, name)
 
     async def _sync(self, args: list[str], who: dict[str, Any]) -> None:
         no_args(args, "sync", ".rw/ctl")

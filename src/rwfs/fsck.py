@@ -51,7 +51,7 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
         for name in os.listdir(os.path.join(state, "intents")):
             if name.endswith(".log") and os.path.getsize(os.path.join(state, "intents", name)):
                 problems.append(f"intent log {name} is not applied: mount to recover it")
-        policy = _policy(state_fd)
+        policy = policy_of(state_fd)
         paths = store.paths()
         for n, (path, entry) in enumerate(sorted(paths.items()), 1):
             if n % 1000 == 0:
@@ -101,7 +101,7 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
     return problems
 
 
-def _policy(state_fd: int) -> Policy:
+def policy_of(state_fd: int) -> Policy:
     try:
         with open(os.open(b"policy.toml", os.O_RDONLY, dir_fd=state_fd), "rb") as f:
             return Policy.parse(f.read().decode("utf-8", "replace"))

@@ -68,6 +68,13 @@ resume = "manual"
 # a conflict is opened with the writer's bytes) or "off".
 stale_write = "warn"
 
+# History retention for `rwfs gc` (docs/history.md): versions replaced less than
+# retain_days ago are kept; retain_bytes (0: no cap) caps what the object store keeps
+# beyond that. Snapshots, open conflicts, unfinished batches and pending receipts keep
+# their objects whatever these say.
+retain_days = 30
+retain_bytes = 0
+
 # Paths written in place, unjournaled (.gitignore syntax; a glob not starting with "/"
 # matches at any depth).
 passthrough = [
@@ -119,6 +126,8 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "refusal_errno": str,
     "resume": str,
     "stale_write": str,
+    "retain_days": int,
+    "retain_bytes": int,
     "gates": dict,
 }
 
@@ -197,6 +206,8 @@ class Policy:
     refusal_errno: str = "EBADMSG"
     resume: str = "manual"
     stale_write: str = "warn"
+    retain_days: int = 30
+    retain_bytes: int = 0
     gates: dict[str, Any] = field(default_factory=dict)
     text: str = DEFAULT_TEXT
 
@@ -253,6 +264,8 @@ class Policy:
             raise PolicyError("max_journaled_bytes must be positive")
         if raw.get("retry_budget", 3) < 0:
             raise PolicyError("retry_budget must be 0 or more")
+        if raw.get("retain_days", 30) < 0 or raw.get("retain_bytes", 0) < 0:
+            raise PolicyError("retain_days and retain_bytes must be 0 or more")
         if raw.get("stale_write", "warn") not in ("warn", "conflict", "off"):
             raise PolicyError('stale_write must be "warn", "conflict" or "off"')
         if raw.get("resume", "manual") not in ("manual", "auto"):

@@ -161,6 +161,9 @@ class Txn:
         if self._t.get(digest.encode(), db=db) is None:
             self._t.put(digest.encode(), json.dumps({"size": size, "lsn": lsn}).encode(), db=db)
 
+    def delete_object(self, digest: str) -> None:
+        self._t.delete(digest.encode(), db=self._s.db[b"objects"])
+
     def bump(self, counter: str, by: int = 1) -> None:
         key = b"count:" + counter.encode()
         raw = self._t.get(key, db=self._s.db[b"meta"])

@@ -1,0 +1,120 @@
+"""Garbage collection of the object store (SPEC §8): ``rwfs gc`` and ``.rw/ctl gc``.
+
+An object is kept when something still needs it: a pending receipt, an open conflict, an
+unfinished batch, a snapshot (every path's bytes at the snapshot's LSN), the newest
+version of each path, or, within the retention policy, a history version replaced less
+than ``retain_days`` ago or a refused draft that recent. ``retain_bytes`` (when not 0)
+then caps what is kept by retention alone, dropping the oldest first. Everything else
+goes. Blocking: the daemon runs it in a worker thread, the CLI directly when unmounted.
+"""
+
+from __future__ import annotations
+
+import calendar
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .history import History
+from .objects import ObjectStore
+from .policy import Policy
+from .store import Store
+
+
+def _epoch(ts: str) -> float:
+    return calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S"))
+
+
+def needed(store: Store, history: History) -> set[str]:
+    """Digests that must stay whatever the retention policy says."""
+    keep: set[str | None] = set()
+    for r in store.unsettled():
+        keep |= {r.get("expected"), r.get("intended")}
+    for c in store.conflicts():
+        if c["state"] == "open":
+            keep |= {c.get("expected"), c.get("intended")}
+    for b in store.batches():
+        if b["state"] not in ("committed", "aborted"):
+            for e in b["entries"].values():
+                keep |= {e.get("expected"), e.get("intended")}
+    history.refresh()
+    for versions in history.paths.values():
+        keep.add(versions[-1].digest)
+    for snap in store.snapshots():
+        for path in history.paths:
+            keep.add(history.state_at(path, int(snap["lsn"]))[1])
+    return {d for d in keep if d}
+
+
+def recent(store: Store, history: History, cutoff: float) -> dict[str, float]:
+    """Digests the retention policy keeps -> when they stopped being current (or were
+    refused); the newest first to be kept under ``retain_bytes``."""
+    out: dict[str, float] = {}
+    for versions in history.paths.values():
+        for old, new in zip(versions, versions[1:], strict=False):
+            when = _epoch(new.ts)
+            if old.digest and when >= cutoff:
+                out[old.digest] = max(out.get(old.digest, 0.0), when)
+    for ev in store.events():
+        if ev["op"] == "refuse" and ev.get("intended") and _epoch(ev["ts"]) >= cutoff:
+            out[ev["intended"]] = max(out.get(ev["intended"], 0.0), _epoch(ev["ts"]))
+    return out
+
+
+def collect(
+    store: Store,
+    objects: ObjectStore,
+    policy: Policy,
+    progress: Callable[[str], None] | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    say = progress or (lambda msg: None)
+    history = History(store)
+    keep = needed(store, history)
+    cutoff = (now or time.time()) - policy.retain_days * 86400
+    soft = recent(store, history, cutoff)
+    found: dict[str, int] = {}
+    for sub in sorted(os.listdir(objects.fd)):
+        if sub == "incoming":
+            continue
+        fd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY, dir_fd=objects.fd)
+        try:
+            names = os.listdir(fd)
+        finally:
+            os.close(fd)
+        for name in names:
+            digest = f"sha256:{sub}{name}"
+            found[digest] = os.stat(objects.name(digest), dir_fd=objects.fd).st_size
+            if len(found) % 1000 == 0:
+                say(f"gc: {len(found)} objects looked at")
+    drop = [d for d in found if d not in keep and d not in soft]
+    if policy.retain_bytes:
+        kept = sum(size for d, size in found.items() if d not in drop)
+        for d in sorted((d for d in found if d in soft and d not in keep), key=soft.__getitem__):
+            if kept <= policy.retain_bytes:
+                break
+            drop.append(d)
+            kept -= found[d]
+    freed = 0
+    for n, digest in enumerate(drop, 1):
+        os.unlink(objects.name(digest), dir_fd=objects.fd)
+        freed += found[digest]
+        if n % 1000 == 0:
+            say(f"gc: {n}/{len(drop)} objects removed")
+
+    def record(txn: Any) -> None:
+        for digest in drop:
+            txn.delete_object(digest)
+        txn.append_event(
+            {
+                "op": "gc",
+                "path": "",
+                "removed": len(drop),
+                "freed_bytes": freed,
+                "kept": len(found) - len(drop),
+            }
+        )
+
+    store.write(record)
+    return {"objects": len(found), "removed": len(drop), "freed_bytes": freed}
