@@ -84,8 +84,9 @@ def test_restore_after_rm_rf_brings_the_tree_back(mount: Mount) -> None:
     (mount.path / "late.txt").write_text("made after the snapshot\n")
     shutil.rmtree(src)
     _ctl(mount, "restore good")
+    status = (mount.path / ".rw" / "batches" / "restore-good" / "status").read_text()
     for rel, text in files.items():
-        assert (mount.path / rel).read_text() == text
+        assert (mount.path / rel).read_text() == text, status
     assert not (mount.path / "late.txt").exists()  # it did not exist at the snapshot
     status = json.loads((mount.path / ".rw" / "batches" / "restore-good" / "status").read_text())
     assert status["state"] == "committed"

@@ -116,10 +116,15 @@ class Batches:
     async def open(self, raw_name: bytes, who: dict[str, Any]) -> Batch:
         name = check_name(raw_name)
         if name in self.all:
+            gone = self.all[name].record.get("removed")
+            now = (
+                "existed before: the journal keeps its name"
+                if gone
+                else f"is {self.all[name].state}"
+            )
             raise _err(
-                f"No batch was opened because batch {name} already exists (it is "
-                f"{self.all[name].state}); choose another name, or remove a finished batch "
-                "with rmdir first.",
+                f"No batch was opened because the name {name} is taken (batch {name} {now}); "
+                "choose another name.",
                 name,
                 errno.EEXIST,
             )
@@ -144,18 +149,18 @@ class Batches:
     async def forget(self, name: str) -> None:
         """rmdir of a finished batch: its record goes (the journal keeps its events)."""
         batch = self.all.get(name)
-        if batch is None:
+        if batch is None or batch.record.get("removed"):
             raise _err(f"There is no batch {name}.", None, errno.ENOENT)
-        if batch.state not in (COMMITTED, ABORTED):
+        if batch.state not in (COMMITTED, ABORTED, CONFLICTED):
             raise _err(
                 f"Batch {name} is {batch.state}, so it was not removed: commit or abort it first.",
                 name,
                 errno.EBUSY,
             )
-        await trio.to_thread.run_sync(
-            self.ws.store.write, lambda txn: txn.delete_batch(name), limiter=_LIMIT
-        )
-        del self.all[name]
+        # The record stays (hidden): its name stays taken, so that `undo NAME` and the
+        # journal's batch names keep meaning one batch.
+        batch.record["removed"] = True
+        await self._save(batch)
 
     def for_writer(self, who: dict[str, Any]) -> Batch | None:
         """The open batch whose scope takes this writer's commits (the newest that does)."""
@@ -357,9 +362,11 @@ class Batches:
                     batch.name,
                 )
             async with self.ws.commit_lock:
-                await trio.to_thread.run_sync(self.resume_now, batch, limiter=_LIMIT)
+                done = await trio.to_thread.run_sync(self.resume_now, batch, limiter=_LIMIT)
+            for c in done:
+                self.ws.on_committed(c)  # the kernel's view of those paths is stale
 
-    def resume_now(self, batch: Batch) -> None:
+    def resume_now(self, batch: Batch) -> list[Commit]:
         """``resume`` (blocking): owed entries become commits of their kept drafts."""
         commits = []
         owed = {r["path"]: r for r in self.ws.store.unsettled() if r.get("batch") == batch.name}
@@ -379,6 +386,7 @@ class Batches:
                 c.info["receipt"] = receipt["id"]
             commits.append(c)
         self._apply(batch, commits, False)
+        return commits
 
     async def rollback(self, batch: Batch) -> None:
         """Give an interrupted batch's paths their expected bytes back, where they hold the
@@ -391,9 +399,11 @@ class Batches:
                     batch.name,
                 )
             async with self.ws.commit_lock:
-                await trio.to_thread.run_sync(self._rollback, batch, limiter=_LIMIT)
+                done = await trio.to_thread.run_sync(self._rollback, batch, limiter=_LIMIT)
+            for c in done:
+                self.ws.on_committed(c)
 
-    def _rollback(self, batch: Batch) -> None:
+    def _rollback(self, batch: Batch) -> list[Commit]:
         reverse = []
         for key, entry in batch.record["entries"].items():
             if not entry.get("done") or entry.get("outcome") != COMMITTED:
@@ -421,6 +431,7 @@ class Batches:
             txn.put_batch(batch.record)
 
         self.ws.store.write(settle)
+        return reverse
 
     # ---- batches rwfs writes itself: undo, restore (SPEC §8) ----
 
@@ -513,6 +524,8 @@ class Batches:
             return reasons
         faults.point("batch_after_dry_run")
         todo = [c for c in commits if c.outcome != "pending"]
+        for c in todo:  # a conflict found at resume can still show its base
+            self._keep_base(c)
         for c in todo:
             if c.stage.fd < 0 and c.intended is not None and not self._materialize(c):
                 c.outcome = "pending"
@@ -615,8 +628,23 @@ class Batches:
                     os.close(fd)
                 refused = [f for f in findings if f.action == "reject"]
                 if refused:
-                    fail(c, errno.EBADMSG, refused[0].gate, refused[0].message)
+                    code = getattr(errno, self.ws.policy.refusal_errno)
+                    fail(c, code, refused[0].gate, refused[0].message)
         return reasons
+
+    def _keep_base(self, c: Commit) -> None:
+        """Keep a copy of the bytes a path holds before the batch replaces them: a hard
+        link (what a commit keeps) would change with an edit made by hand meanwhile."""
+        if c.stage.expected is None or self.ws.objects.exists(c.stage.expected):
+            return
+        fd = self._live_fd(c.path)
+        if fd is None:
+            return
+        try:
+            if self.ws.digest_of_fd(fd) == c.stage.expected:
+                self.ws.objects.keep_fd_copy(fd, c.stage.expected)
+        finally:
+            os.close(fd)
 
     def _materialize(self, c: Commit) -> bool:
         """A stage made from the kept draft (object) of an entry; False if it is gone."""
@@ -632,6 +660,7 @@ class Batches:
             os.close(fd)
         stage.expected = c.stage.expected
         c.stage = stage
+        c.size = os.fstat(stage.fd).st_size
         live = self._live_fd(c.path)
         if live is not None:  # the live file's mode, owner and xattrs carry over
             try:
@@ -823,12 +852,11 @@ def _recover_committing(
     for r in receipts:  # the drafts move to the object store: resume works from there
         if _keep_draft(ws, r.get("stage"), r["intended"]) and r.get("stage"):
             ws.store.write(lambda txn, r=r: txn.put_receipt({**r, "stage": None}))
-    if ws.policy.resume == "auto":
-        batch.record["state"] = INTERRUPTED
-        batches.resume_now(batch)
-        summary["performed"] += len(receipts)
-        return
-    # Manual: settle what landed, open conflicts for what changed; owed writes wait.
+    # Roll forward by policy only a batch whose commit had begun at this crash, never
+    # one a person was already told about (interrupted at an earlier mount).
+    auto = ws.policy.resume == "auto" and batch.state == COMMITTING
+    # Settle what landed, open conflicts for what changed; owed writes wait (or, with
+    # resume = "auto", are performed below).
     settle = []
     owed = 0
     for r in receipts:
@@ -867,7 +895,15 @@ def _recover_committing(
                 entry["done"] = True
                 entry["outcome"] = COMMITTED if c.outcome == "landed" else CONFLICTED
         unfinished = owed or any(not e.get("done") for e in batch.record["entries"].values())
-        if unfinished:
+        if unfinished and auto:
+            batch.record["state"] = INTERRUPTED  # resume_now, just below, finishes it
+            _notice(
+                txn,
+                batch,
+                f"Batch {batch.name} was committing when rwfs stopped; as the policy says "
+                f'resume = "auto", rwfs finished it at this mount ({owed} files were owed).',
+            )
+        elif unfinished:
             batch.record["state"] = INTERRUPTED
             _notice(
                 txn,
@@ -885,3 +921,6 @@ def _recover_committing(
         txn.put_batch(batch.record)
 
     ws.store.write(write)
+    if auto and batch.state == INTERRUPTED:
+        batches.resume_now(batch)
+        summary["performed"] += owed

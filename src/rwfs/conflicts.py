@@ -22,7 +22,8 @@ VERBS = ("keep-actual", "take-intended", "resolved")
 
 
 def object_bytes(ws: Workspace, digest: str | None) -> bytes:
-    if digest is None:
+    """An object's bytes; empty for an absent file, or bytes rwfs did not keep."""
+    if digest is None or not ws.objects.exists(digest):
         return b""
     fd = ws.objects.open(digest)
     try:
@@ -89,6 +90,15 @@ async def resolve(ws: Workspace, cid: int, verb: str, who: dict[str, Any]) -> No
             "policy_violation",
             "verb",
             f"Conflict {cid} is not open (it was resolved already), so nothing was done.",
+            path=where,
+        )
+    if verb == "take-intended" and info["intended"] is None:
+        raise RwfsError(
+            errno.EINVAL,
+            "policy_violation",
+            "verb",
+            f"The intended change to {info['path']} was its deletion: delete the file "
+            "yourself if you want that, then write 'resolved'; nothing was done.",
             path=where,
         )
     if verb == "take-intended":

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import conflicts, gates, gc
+from . import chunks, conflicts, gates, gc, handoff, scratch
 from .history import History, Version
 from .policy import Policy, PolicyError
 from .store import now_iso
@@ -86,6 +86,7 @@ class CFile(CNode):
     write: Writer | None = None
     verbs: bool = False  # each write() is a verb, run before write() returns
     slow: bool = False  # render() does I/O or parsing: run it in a worker thread
+    max_bytes: int = 1 << 20  # the most a writer may write to it
 
 
 @dataclass(eq=False)
@@ -99,6 +100,9 @@ class CDir(CNode):
     settle: bool = False  # make queued commits journaled first (history/, snapshots/)
     mkdir: Callable[[bytes, dict[str, Any]], Awaitable[None]] | None = None
     rmdir: Callable[[bytes], Awaitable[None]] | None = None
+    # Directories that take files (scratch/, chunks/NAME/): a new entry, and its removal.
+    create: Callable[[bytes], CFile] | None = None
+    unlink: Callable[[bytes], Awaitable[None]] | None = None
 
 
 class Control:
@@ -148,6 +152,8 @@ class Control:
         self.verbs["undo"] = self._undo
         self.verbs["restore"] = self._restore
         self.verbs["gc"] = self._gc
+        for layer in (scratch, chunks, handoff):  # the paper's other layers (SPEC §8)
+            layer.install(self)
         for ev in ws.store.events():  # drafts refused in earlier mounts stay listed
             if ev["op"] == "refuse" and ev.get("draft"):
                 self._add_rejected(ev["draft"], ev["intended"])
@@ -373,7 +379,7 @@ class BatchViews:
         top.refresh, top.mkdir, top.rmdir = self.refresh, self.mkdir, self.rmdir
 
     def refresh(self) -> None:
-        names = {name.encode() for name in self.c.batches.all}
+        names = {n.encode() for n, b in self.c.batches.all.items() if not b.record.get("removed")}
         for gone in set(self.top.children) - names:
             self.c.remove(self.top, gone)
         for name in names - set(self.top.children):
@@ -441,7 +447,7 @@ class ConflictViews:
     def _add(self, info: dict[str, Any]) -> None:
         ws = self.c.ws
         d = self.c.mkdir(self.top, str(info["id"]).encode())
-        self.c.add(d, b"info", lambda: _json(info))
+        self.c.add(d, b"info", _constant(_json({**info, "time": info["ts"]})))
         self.c.add(d, b"base", lambda: conflicts.object_bytes(ws, info["expected"])).slow = True
         self.c.add(d, b"intended", lambda: conflicts.object_bytes(ws, info["intended"])).slow = True
         self.c.add(d, b"actual", lambda: conflicts.live_bytes(ws, info["path"])).slow = True

@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import stat
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -33,8 +34,11 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 def _guard(quiet: bool = False) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
+        op = "op." + fn.__name__  # its latency in .rw/stats
+
         @functools.wraps(fn)
         async def handler(self: Operations, *args: Any) -> Any:
+            started = time.perf_counter()
             try:
                 return await fn(self, *args)
             except pyfuse3.FUSEError:
@@ -55,6 +59,8 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
                 if quiet:
                     return None
                 raise pyfuse3.FUSEError(errno.EIO) from None
+            finally:
+                self.ws.stats.sample(op, time.perf_counter() - started)
 
         return handler  # type: ignore[return-value]
 
@@ -475,7 +481,7 @@ class Operations(pyfuse3.Operations):
                     path, stage.fd, stage.expected, intended, findings, ctx_info
                 )
                 self.ws.drop_stage(stage)
-                inode.stage = None
+                inode.stage = held.stage if held is not None else None  # a batch's draft stays
                 if wait:
                     # fsync(): the kernel holds the inode's lock until we answer, and
                     # invalidating needs it, so it runs after the answer.
@@ -767,7 +773,8 @@ class Operations(pyfuse3.Operations):
                     os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
                 raise
         gone = self.inodes.detach(path)
-        if gone is not None and st is not None and st.st_nlink == 1:
+        # Its backing inode number is free for reuse now (a directory has no other name).
+        if gone is not None and (is_dir or (st is not None and st.st_nlink == 1)):
             self.inodes.orphan(gone)
 
     async def _hide(self, path: bytes, inode: Inode | None, ctx: Any) -> bool:
@@ -874,6 +881,10 @@ class Operations(pyfuse3.Operations):
 
     @_guard()
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        node = self.control.get(parent_inode)
+        if isinstance(node, CDir) and node.unlink is not None:
+            await node.unlink(name)
+            return
         await self._remove(parent_inode, name, ctx, is_dir=False)
 
     @_guard()
@@ -1043,6 +1054,13 @@ class Operations(pyfuse3.Operations):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        node = self.control.get(parent_inode)
+        if isinstance(node, CDir) and node.create is not None:  # scratch/, chunks/NAME/
+            if b"/" in name or name in (b".", b".."):
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            child = node.create(name)
+            fi = await self.open(child.ino, flags, ctx)
+            return fi, self._control_attr(child)
         path = self._parent_path(parent_inode, name)
         batch = self.batches.for_writer(self._who(ctx)) if self._journaled(path) else None
         if (
@@ -1097,7 +1115,7 @@ class Operations(pyfuse3.Operations):
                     raise
                 return len(buf)
             end = off + len(buf)
-            if end > 1 << 20:
+            if end > h.node.max_bytes:
                 raise pyfuse3.FUSEError(errno.EFBIG)
             if len(h.written) < end:
                 h.written.extend(b"\0" * (end - len(h.written)))

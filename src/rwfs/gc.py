@@ -1,7 +1,7 @@
 """Garbage collection of the object store (SPEC §8): ``rwfs gc`` and ``.rw/ctl gc``.
 
 An object is kept when something still needs it: a pending receipt, an open conflict, an
-unfinished batch, a snapshot (every path's bytes at the snapshot's LSN), the newest
+unfinished batch, the scratchpad, a chunk session, a handoff note, a snapshot (every path's bytes at the snapshot's LSN), the newest
 version of each path, or, within the retention policy, a history version replaced less
 than ``retain_days`` ago or a refused draft that recent. ``retain_bytes`` (when not 0)
 then caps what is kept by retention alone, dropping the oldest first. Everything else
@@ -38,6 +38,12 @@ def needed(store: Store, history: History) -> set[str]:
         if b["state"] not in ("committed", "aborted"):
             for e in b["entries"].values():
                 keep |= {e.get("expected"), e.get("intended")}
+    for r in store.records(b"scratch"):
+        keep.add(r["digest"])
+    for session in store.records(b"chunks"):
+        keep |= set(session["parts"].values())
+    for h in store.records(b"handoffs"):
+        keep.add(h["note"])
     history.refresh()
     for versions in history.paths.values():
         keep.add(versions[-1].digest)

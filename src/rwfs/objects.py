@@ -10,6 +10,7 @@ Everything here is blocking: callers run it in a worker thread.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import uuid
@@ -142,6 +143,32 @@ class ObjectStore:
     def incoming(self) -> list[bytes]:
         return [os.fsencode(n) for n in os.listdir(self.incoming_fd)]
 
+    def keep_bytes(self, data: bytes) -> str:
+        """Keep ``data`` as an object (durably); returns its digest."""
+        digest = digest_bytes(data)
+        if self.exists(digest):
+            return digest
+        tmp = uuid.uuid4().hex.encode()
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400, dir_fd=self.incoming_fd)
+        try:
+            os.write(out, data)
+            os.fsync(out)
+        finally:
+            os.close(out)
+        self._place(self.incoming_fd, tmp, digest, move=True)
+        return digest
+
+    def read(self, digest: str) -> bytes:
+        """An object's bytes, hashed again: OSError(EIO) if they no longer match."""
+        fd = self.open(digest)
+        try:
+            data = os.pread(fd, os.fstat(fd).st_size, 0)
+        finally:
+            os.close(fd)
+        if digest_bytes(data) != digest:
+            raise OSError(errno.EIO, f"object {digest} is damaged")
+        return data
+
     def keep_fd_copy(self, fd: int, digest: str) -> None:
         """Keep a copy of the bytes behind ``fd`` as ``digest`` (for inodes still in use)."""
         if self.exists(digest):
@@ -154,6 +181,10 @@ class ObjectStore:
         finally:
             os.close(out)
         self._place(self.incoming_fd, tmp, digest, move=True)
+
+
+def digest_bytes(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _makedirs_at(dir_fd: int, path: bytes) -> None:

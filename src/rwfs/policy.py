@@ -75,6 +75,9 @@ stale_write = "warn"
 retain_days = 30
 retain_bytes = 0
 
+# false: .rw/scratch/ is a deposit box (files can be written there, not read back).
+scratch_readable = true
+
 # Paths written in place, unjournaled (.gitignore syntax; a glob not starting with "/"
 # matches at any depth).
 passthrough = [
@@ -128,6 +131,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "stale_write": str,
     "retain_days": int,
     "retain_bytes": int,
+    "scratch_readable": bool,
     "gates": dict,
 }
 
@@ -208,6 +212,7 @@ class Policy:
     stale_write: str = "warn"
     retain_days: int = 30
     retain_bytes: int = 0
+    scratch_readable: bool = True
     gates: dict[str, Any] = field(default_factory=dict)
     text: str = DEFAULT_TEXT
 
@@ -254,7 +259,7 @@ class Policy:
             want = _KEYS.get(key)
             if want is None:
                 raise PolicyError(f"unknown policy key {key!r}; known keys: {', '.join(_KEYS)}")
-            if not isinstance(value, want) or isinstance(value, bool):
+            if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
                 raise PolicyError(f"policy key {key!r} must be a {want.__name__}")  # type: ignore[union-attr]
         if raw.get("durability", "group") not in ("group", "strict"):
             raise PolicyError('durability must be "group" or "strict"')

@@ -14,7 +14,8 @@ values are listed here, and this docstring is the canonical reference for them.
 ``events``     — u64 LSN (big-endian) → JSON event (SPEC §7.1), append-only.
 ``receipts``   — u64 receipt id → JSON receipt ``{id, batch, path, expected, intended,
                  state, stage, lsn, ts}``; ``state`` is ``prepared``, ``committed``,
-                 ``conflict`` or ``pending``.
+                 ``conflict``, ``pending`` or ``aborted`` (an owed write an abort or a
+                 rollback dropped).
 ``unsettled``  — u64 receipt id → empty: the receipts recovery must look at.
 ``paths``      — path (bytes, relative to the workspace) → JSON ``{digest, lsn}``: the
                  last journaled content of each path (``digest`` null once deleted).
@@ -29,6 +30,12 @@ values are listed here, and this docstring is the canonical reference for them.
 ``notices``    — u64 id → JSON notice ``{id, ts, kind, batch, message, …}`` (SPEC §6.2).
 ``snapshots``  — snapshot name (ASCII) → JSON ``{name, lsn, ts}``: a named point of the
                  journal (history.py reconstructs the tree at ``lsn``).
+``scratch``    — name (bytes) → JSON ``{name, digest, size, ts, pid, comm, uid}``: files of
+                 ``.rw/scratch/`` (their bytes are objects).
+``chunks``     — session name (ASCII) → JSON ``{name, created, expect, parts}``;
+                 ``parts`` maps ``part-NNN`` to the digest of its bytes (an object).
+``handoffs``   — u64 id → JSON ``{id, ts, lsn, note, last_good_state}``: ``note`` is the
+                 digest of the Markdown written; ``last_good_state`` lists ``{path, sha256}``.
 ``conflicts``  — u64 id → JSON ``{id, path, batch, expected, intended, actual, reason,
                  ts, state, resolution}``; ``state`` is ``open`` or ``resolved``.
 
@@ -63,6 +70,9 @@ _DBS = (
     b"notices",
     b"conflicts",
     b"snapshots",
+    b"scratch",
+    b"chunks",
+    b"handoffs",
 )
 
 
@@ -183,14 +193,23 @@ class Txn:
     def put_batch(self, batch: dict[str, Any]) -> None:
         self._t.put(batch["name"].encode(), json.dumps(batch).encode(), db=self._s.db[b"batches"])
 
-    def delete_batch(self, name: str) -> None:
-        self._t.delete(name.encode(), db=self._s.db[b"batches"])
-
     def put_snapshot(self, snap: dict[str, Any]) -> None:
         self._t.put(snap["name"].encode(), json.dumps(snap).encode(), db=self._s.db[b"snapshots"])
 
     def delete_snapshot(self, name: str) -> None:
         self._t.delete(name.encode(), db=self._s.db[b"snapshots"])
+
+    def put(self, db: bytes, key: bytes, value: dict[str, Any]) -> None:
+        """A record of one of the small keyed databases (scratch, chunks)."""
+        self._t.put(key, json.dumps(value).encode(), db=self._s.db[db])
+
+    def delete(self, db: bytes, key: bytes) -> None:
+        self._t.delete(key, db=self._s.db[db])
+
+    def new_handoff(self, handoff: dict[str, Any]) -> int:
+        hid = self._next(b"handoff")
+        self.put(b"handoffs", u64(hid), {"id": hid, "ts": now_iso(), **handoff})
+        return hid
 
     def new_notice(self, notice: dict[str, Any]) -> int:
         nid = self._next(b"notice")
@@ -337,6 +356,10 @@ class Store:
         with self.env.begin() as txn:
             raw = txn.get(u64(cid), db=self.db[b"conflicts"])
         return json.loads(raw) if raw else None
+
+    def records(self, db: bytes) -> list[dict[str, Any]]:
+        """Every record of one of the small databases (scratch, chunks, handoffs)."""
+        return self._all(db)
 
     def snapshots(self) -> list[dict[str, Any]]:
         return self._all(b"snapshots")

@@ -539,7 +539,9 @@ class Workspace:
         async with self.commit_lock:
             self._urgent = trio.Event()
             if not self._queue:
-                self._has_work = trio.Event()
+                # Only a set event is replaced: the committer may be waiting on this one.
+                if self._has_work.is_set():
+                    self._has_work = trio.Event()
                 return
             # atomic: take the queue and rotate the intent log together.
             group, self._queue = self._queue, []
