@@ -87,6 +87,7 @@ class CFile(CNode):
     verbs: bool = False  # each write() is a verb, run before write() returns
     slow: bool = False  # render() does I/O or parsing: run it in a worker thread
     max_bytes: int = 1 << 20  # the most a writer may write to it
+    settle: bool = False  # make queued commits reach the tree before render() (handoff)
 
 
 @dataclass(eq=False)

@@ -1014,6 +1014,8 @@ class Operations(pyfuse3.Operations):
             writable = flags & os.O_ACCMODE != os.O_RDONLY
             if writable and node.write is None:
                 raise pyfuse3.FUSEError(errno.EACCES)
+            if node.settle:
+                await self.ws.sync()
             if flags & os.O_TRUNC:
                 data = b""
             elif node.slow:  # reads and parses a file: off the event loop

@@ -8,7 +8,9 @@ Checks, each reported as one line of drift:
 - no receipt is unsettled and no intent-log generation is unapplied (else recovery is owed:
   mount once to run it), save an interrupted batch's owed writes, whose files must still
   hold their expected (or intended) bytes;
-- every object the journal lists exists and holds the bytes its name says.
+- every object the journal lists exists and holds the bytes its name says, and every object
+  something refers to (the scratchpad, a chunk session, a handoff note, an open conflict's
+  intended bytes) exists.
 
 Blocking: runs in the CLI process, against the raw tree (offline, or mounted through the
 daemon's descriptors under /proc).
@@ -77,6 +79,9 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
             if have != want:
                 problems.append(f"{os.fsdecode(path)}: journaled as {want} but holds {have}")
         objects = ObjectStore(state_fd)
+        for digest, what in _references(store):
+            if not objects.exists(digest):
+                problems.append(f"object {digest} is missing, though {what} needs it")
         listed = store.objects()
         for n, digest in enumerate(sorted(listed), 1):
             if n % 1000 == 0:
@@ -138,3 +143,18 @@ def _digest_at(root_fd: int, path: str) -> str | None:
         return digest_fd(fd)[0]
     finally:
         os.close(fd)
+
+
+def _references(store: Store) -> list[tuple[str, str]]:
+    refs = [(r["digest"], f"scratch file {r['name']}") for r in store.records(b"scratch")]
+    for session in store.records(b"chunks"):
+        refs += [
+            (d, f"chunk {p} of session {session['name']}") for p, d in session["parts"].items()
+        ]
+    refs += [(h["note"], f"handoff note {h['id']}") for h in store.records(b"handoffs")]
+    refs += [
+        (c["intended"], f"conflict {c['id']}")
+        for c in store.conflicts()
+        if c["state"] == "open" and c.get("intended")
+    ]
+    return refs

@@ -31,7 +31,8 @@ EMPTY = (
 
 def install(control: Control) -> None:
     h = Handoff(control)
-    control.add(control.root, b"handoff", h.render, h.write).slow = True
+    node = control.add(control.root, b"handoff", h.render, h.write)
+    node.slow = node.settle = True  # the drift check reads the files as committed
     top = control.mkdir(control.root, b"handoffs")
     top.refresh = lambda: h.refresh_archive(top)
 
