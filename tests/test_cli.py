@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import RWFS, rwfs_mounted
+from conftest import RWFS, Mount, rwfs_mounted
 
 
 def rwfs(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -82,3 +82,40 @@ def test_agents_md_tells_an_agent_what_a_refusal_means() -> None:
     assert res.returncode == 0
     for needle in ("EBADMSG", ".rw/why/", ".rw/rejected/", "retry_budget", "ESTALE", "-74"):
         assert needle in res.stdout, needle
+
+
+def test_batch_snapshot_restore_undo_and_conflicts_verbs(mount: Mount) -> None:
+    p = str(mount.path)
+    (mount.path / "a.txt").write_text("a0\n")
+    res = rwfs("batch", "begin", "b1", "-C", p)
+    assert res.returncode == 0 and "b1 is open" in res.stdout, res.stderr
+    (mount.path / "a.txt").write_text("a1\n")
+    diff = rwfs("batch", "diff", "b1", "-C", p)
+    assert "-a0" in diff.stdout and "+a1" in diff.stdout
+    listed = rwfs("batch", "status", "-C", p)
+    assert listed.stdout.split("\t")[:2] == ["b1", "open"]
+    res = rwfs("batch", "commit", "b1", "-C", p)
+    assert res.returncode == 0 and "b1 is committed" in res.stdout, res.stderr
+    assert json.loads(rwfs("batch", "status", "b1", "-C", p).stdout)["state"] == "committed"
+    assert rwfs("snapshot", "s1", "-C", p).returncode == 0
+    assert rwfs("snapshot", "-C", p).stdout.startswith("s1\t")
+    (mount.path / "a.txt").write_text("a2\n")
+    assert rwfs("restore", "s1", str(mount.path / "a.txt"), "-C", p).returncode == 0
+    assert (mount.path / "a.txt").read_text() == "a1\n"
+    assert rwfs("undo", "restore-s1", "-C", p).returncode == 0
+    assert (mount.path / "a.txt").read_text() == "a2\n"
+    res = rwfs("conflicts", "-C", p, "--json")
+    assert res.returncode == 0 and res.stdout == ""
+    # Refusals: one line on stderr that says why, exit 1, nothing changed.
+    for args, words in (
+        (("batch", "commit", "nosuch"), "no batch"),
+        (("batch", "begin", "b1"), "taken"),
+        (("undo", "nosuch"), "no change"),
+        (("restore", "nosuch"), "no snapshot"),
+        (("conflicts", "resolve", "9", "keep-actual"), "no open conflict"),
+    ):
+        res = rwfs(*args, "-C", p)
+        assert res.returncode == 1 and words in res.stderr, (args, res.stderr)
+    assert (mount.path / "a.txt").read_text() == "a2\n"
+    res = rwfs("batch", "status", "-C", "/")
+    assert res.returncode == 1 and "not inside an rwfs mount" in res.stderr

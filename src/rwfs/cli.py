@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .mount import QuietError, open_state, rwfs_mounts, serve, spawn, umount
@@ -144,6 +145,13 @@ journaled, and a write that would break a file is refused. Its control directory
   (`intended`, `base`, `merged`); `echo keep-actual > .rw/conflicts/<id>/ctl` (or
   `take-intended`, or `resolved` after merging by hand) settles it.
 - **EIO** means the journal could not record the write: nothing was written.
+- `.rw/history/<path>/` holds every earlier version of a file (also of deleted files);
+  `mkdir .rw/snapshots/NAME` names this point, and `echo 'restore NAME' > .rw/ctl` brings
+  the files back to it (`echo 'undo BATCH' > .rw/ctl` undoes one batch). Both are
+  digest-guarded: a file changed since becomes a conflict instead of being overwritten.
+- Before you stop, write a short Markdown note to `.rw/handoff` (what is done, what is
+  next); rwfs adds the files committed since the last note. Read `.rw/handoff` first when
+  you start: its `drift` lists files that changed after the note was written.
 - For an edit that spans files, open a batch: `mkdir .rw/batches/NAME`, write the files as
   usual (the mount shows them, the real tree waits), read `.rw/batches/NAME/diff`, then
   `echo commit > .rw/batches/NAME/ctl`: all files change at once, or none do and
@@ -171,22 +179,34 @@ def _control(mount: str, *parts: str) -> str:
     return os.path.join(mount, ".rw", *parts)
 
 
-def _refused(mount: str, exc: OSError) -> QuietError:
-    """The control file refused: its envelope's sentence says why."""
+def _last_error(mount: str) -> str:
     try:
         with open(_control(mount, "last-error")) as f:
-            message = json.load(f)["message"]
-    except (OSError, ValueError, KeyError):
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _attempt(mount: str, action: Callable[[], object]) -> None:
+    """Do something to a control file; if refused, say why in the envelope's sentence (when
+    this refusal wrote one: the kernel refuses some things, e.g. an existing name, itself)."""
+    before = _last_error(mount)
+    try:
+        action()
+    except OSError as exc:
+        after = _last_error(mount)
         message = exc.strerror or str(exc)
-    return QuietError(message)
+        if after and after != before:
+            message = json.loads(after).get("message", message)
+        raise QuietError(message) from None
 
 
 def _verb(mount: str, ctl: str, verb: str) -> None:
-    try:
+    def write() -> None:
         with open(ctl, "w") as f:
             f.write(verb + "\n")
-    except OSError as exc:
-        raise _refused(mount, exc) from None
+
+    _attempt(mount, write)
 
 
 def _read(path: str) -> str:
@@ -206,10 +226,9 @@ def cmd_batch(a: argparse.Namespace) -> int:
         raise QuietError(f"rwfs batch {a.action} needs a batch name")
     where = _control(mount, "batches", a.name)
     if a.action == "begin":
-        try:
-            os.mkdir(where)
-        except OSError as exc:
-            raise _refused(mount, exc) from None
+        if os.path.exists(where):
+            raise QuietError(f"batch {a.name} exists already: the name is taken")
+        _attempt(mount, lambda: os.mkdir(where))
         if a.scope:
             _verb(mount, os.path.join(where, "ctl"), f"scope {a.scope}")
         print(f"rwfs: batch {a.name} is open: writes are held until 'rwfs batch commit {a.name}'")
@@ -230,20 +249,30 @@ def cmd_batch(a: argparse.Namespace) -> int:
 def cmd_conflicts(a: argparse.Namespace) -> int:
     mount = _mount_of(a.workspace)
     top = _control(mount, "conflicts")
-    if a.id is None:
-        for cid in sorted(os.listdir(top), key=int):
-            info = json.loads(_read(os.path.join(top, cid, "info")))
-            print(f"{cid}\t{info['path']}\tbatch {info['batch']}\t{info['reason']}")
+    if a.action is None:
+        infos = [
+            json.loads(_read(os.path.join(top, cid, "info")))
+            for cid in sorted(os.listdir(top), key=int)
+        ]
+        for info in infos:
+            if a.json:
+                print(json.dumps(info))
+            else:
+                print(f"{info['id']}\t{info['path']}\tbatch {info['batch']}\t{info['reason']}")
         return 0
+    if a.id is None or (a.action == "resolve") != (a.how is not None):
+        raise QuietError(
+            "use: rwfs conflicts [show ID | resolve ID keep-actual|take-intended|resolved]"
+        )
     where = os.path.join(top, a.id)
     if not os.path.isdir(where):
         raise QuietError(f"there is no open conflict {a.id}")
-    if a.verb is None:
+    if a.action == "show":
         print(_read(os.path.join(where, "info")), end="")
         print(_read(os.path.join(where, "merged")), end="")
         return 0
-    _verb(mount, os.path.join(where, "ctl"), a.verb)
-    print(f"rwfs: conflict {a.id} resolved ({a.verb})")
+    _verb(mount, os.path.join(where, "ctl"), a.how)
+    print(f"rwfs: conflict {a.id} resolved ({a.how})")
     return 0
 
 
@@ -262,10 +291,9 @@ def cmd_snapshot(a: argparse.Namespace) -> int:
             info = json.loads(_read(os.path.join(top, name, "info")))
             print(f"{name}\t{info['ts']}\tlsn {info['lsn']}")
         return 0
-    try:
-        os.mkdir(os.path.join(top, a.name))
-    except OSError as exc:
-        raise _refused(mount, exc) from None
+    if os.path.exists(os.path.join(top, a.name)):
+        raise QuietError(f"snapshot {a.name} exists already: choose another name")
+    _attempt(mount, lambda: os.mkdir(os.path.join(top, a.name)))
     print(f"rwfs: snapshot {a.name}: see {os.path.join(top, a.name, 'tree')}")
     return 0
 
@@ -399,8 +427,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
     b.set_defaults(fn=cmd_batch)
     c = sub.add_parser("conflicts", help="list, show or resolve conflicts")
-    c.add_argument("id", nargs="?", help="show this conflict (its info and merge)")
-    c.add_argument("verb", nargs="?", choices=("keep-actual", "take-intended", "resolved"))
+    c.add_argument("action", nargs="?", choices=("show", "resolve"))
+    c.add_argument("id", nargs="?", help="the conflict's id (as listed)")
+    c.add_argument("how", nargs="?", choices=("keep-actual", "take-intended", "resolved"))
+    c.add_argument("--json", action="store_true", help="list as JSON lines")
     c.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
     c.set_defaults(fn=cmd_conflicts)
     un = sub.add_parser("undo", help="undo a batch (digest-guarded; itself a batch)")
