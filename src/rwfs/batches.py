@@ -22,7 +22,6 @@ from __future__ import annotations
 import difflib
 import errno
 import os
-import re
 import stat
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import trio
 
 from . import faults
-from .store import now_iso
+from .store import now_iso, plain_name
 from .workspace import (
     _LIMIT,
     Commit,
@@ -43,7 +42,6 @@ from .workspace import (
     syncfs,
 )
 
-_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 OPEN, COMMITTING, COMMITTED = "open", "committing", "committed"
 ABORTED, INTERRUPTED, CONFLICTED = "aborted", "interrupted", "conflicted"
 
@@ -75,14 +73,9 @@ def is_explicit(receipt: dict[str, Any]) -> bool:
 
 def check_name(raw: bytes) -> str:
     """A batch name as SPEC §6.1 allows it, or EINVAL saying why."""
-    name = raw.decode("utf-8", "replace")
-    if (
-        not _NAME.fullmatch(name)
-        or raw != name.encode()
-        or name in (".", "..")
-        or name.startswith("auto-")
-    ):
-        shown = name[:40] + ("…" if len(name) > 40 else "")
+    name = plain_name(raw)
+    if name is None or name.startswith("auto-"):
+        shown = raw.decode("utf-8", "replace")[:40] + ("…" if len(raw) > 40 else "")
         raise _err(
             f"No batch was opened because {shown!r} is not a batch name: use 1 to 64 letters, "
             "digits, dots, dashes or underscores, not starting with 'auto-'.",
@@ -201,33 +194,54 @@ class Batches:
         async with batch.lock:
             if batch.state != OPEN:
                 return False
-            key = fsdecode(commit.path)
-            entries = batch.record["entries"]
-            before = entries.get(key)
-            entries[key] = {
-                "expected": before["expected"] if before else commit.stage.expected,
-                "intended": commit.intended,
-                "size": commit.size,
-                "order": before["order"] if before else len(entries),
-                "stage": commit.stage.name.decode(),
-            }
+            if wait:  # fsync(): the draft itself must be on disk
+                await trio.to_thread.run_sync(os.fsync, commit.stage.fd, limiter=_LIMIT)
+            entry = await self._put_entry(
+                batch,
+                commit.path,
+                commit.stage.expected,
+                commit.intended,
+                commit.size,
+                commit.stage.name.decode(),
+            )
             commit.batch, commit.held = batch.name, True
-            commit.stage.expected = entries[key]["expected"]
-            try:
-                if wait:  # fsync(): the draft itself must be on disk
-                    await trio.to_thread.run_sync(os.fsync, commit.stage.fd, limiter=_LIMIT)
-                await self._save(batch)
-            except BaseException:
-                if before is None:
-                    del entries[key]
-                else:
-                    entries[key] = before
-                raise
+            commit.stage.expected = entry["expected"]
             previous = batch.held.get(commit.path)
             batch.held[commit.path] = commit
             if previous is not None and previous is not commit:
                 self.ws.drop_stage(previous.stage)
             return True
+
+    async def _put_entry(
+        self,
+        batch: Batch,
+        path: bytes,
+        expected: str | None,
+        intended: str | None,
+        size: int,
+        stage: str | None,
+    ) -> dict[str, Any]:
+        """Record the batch's change of ``path`` durably. The base and the order stay those
+        of the batch's first change of the path."""
+        key = fsdecode(path)
+        entries = batch.record["entries"]
+        before = entries.get(key)
+        entries[key] = {
+            "expected": before["expected"] if before else expected,
+            "intended": intended,
+            "size": size,
+            "order": before["order"] if before else len(entries),
+            "stage": stage,
+        }
+        try:
+            await self._save(batch)
+        except BaseException:
+            if before is None:
+                del entries[key]
+            else:
+                entries[key] = before
+            raise
+        return dict(entries[key])
 
     async def retarget(self, batch: Batch, commit: Commit, dst: bytes, base: str | None) -> None:
         """A held draft renamed onto ``dst``: it is now the batch's change of ``dst``, whose
@@ -251,25 +265,7 @@ class Batches:
         """An unlink in the batch: the file goes when the batch commits (a deletion is a
         held commit with no bytes: ``intended`` None)."""
         async with batch.lock:
-            key = fsdecode(path)
-            entries = batch.record["entries"]
-            before = entries.get(key)
-            expected = before["expected"] if before else base
-            entries[key] = {
-                "expected": expected,
-                "intended": None,
-                "size": 0,
-                "order": before["order"] if before else len(entries),
-                "stage": None,
-            }
-            try:
-                await self._save(batch)
-            except BaseException:
-                if before is None:
-                    del entries[key]
-                else:
-                    entries[key] = before
-                raise
+            expected = (await self._put_entry(batch, path, base, None, 0, None))["expected"]
             gone = Commit(path, Stage(-1, b"", expected), None, 0, {}, batch=batch.name, held=True)
             replaced = batch.held.get(path)
             batch.held[path] = gone

@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .store import now_iso
+from .store import now_iso, plain_name
 from .workspace import _LIMIT, Commit, RwfsError, conflict_error
 
 if TYPE_CHECKING:
     from .control import CDir, CFile, Control, Verb
 
 _DB = b"chunks"
-_SESSION = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _PART = re.compile(rb"part-(\d{1,6})")
 MAX_PART = 64 << 20
 
@@ -129,10 +128,10 @@ class Chunks:
         return b"".join(self.c.ws.objects.read(d) for d in digests)
 
     async def mkdir(self, raw: bytes, who: dict[str, Any]) -> None:
-        name = raw.decode("utf-8", "replace")
-        if not _SESSION.fullmatch(name) or name in (".", "..") or raw != name.encode():
+        name = plain_name(raw)
+        if name is None:
             raise _bad(
-                f"No session was opened: {name[:40]!r} is not a session name (1 to 64 "
+                f"No session was opened: {raw.decode('utf-8', 'replace')[:40]!r} is not a session name (1 to 64 "
                 "letters, digits, dots, dashes or underscores).",
                 ".rw/chunks",
             )

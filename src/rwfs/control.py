@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import stat
 import time
 from collections.abc import Awaitable, Callable
@@ -23,7 +22,7 @@ import trio
 from . import chunks, conflicts, gates, gc, handoff, scratch
 from .history import History, Version
 from .policy import Policy, PolicyError
-from .store import now_iso
+from .store import now_iso, plain_name
 from .workspace import RwfsError, Workspace
 
 if TYPE_CHECKING:
@@ -503,9 +502,6 @@ class HistoryViews:
         return render
 
 
-_SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
-
-
 class SnapshotViews:
     """``.rw/snapshots/``: ``mkdir NAME`` names the journal's current point; ``NAME/tree/``
     is the workspace as it was then, read-only (SPEC §8)."""
@@ -529,10 +525,10 @@ class SnapshotViews:
             TreeView(self.c, self.c.mkdir(d, b"tree"), int(snap["lsn"]), b"")
 
     async def mkdir(self, raw: bytes, who: dict[str, Any]) -> None:
-        name = raw.decode("utf-8", "replace")
-        if not _SNAPSHOT_NAME.fullmatch(name) or name in (".", "..") or raw != name.encode():
+        name = plain_name(raw)
+        if name is None:
             raise _verb_error(
-                f"No snapshot was made because {name[:40]!r} is not a snapshot name: use 1 to "
+                f"No snapshot was made because {raw.decode('utf-8', 'replace')[:40]!r} is not a snapshot name: use 1 to "
                 "64 letters, digits, dots, dashes or underscores.",
                 ".rw/snapshots",
             )

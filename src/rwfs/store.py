@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import time
 from collections.abc import Iterator
@@ -86,6 +87,17 @@ def u64(n: int) -> bytes:
 
 def from_u64(b: Any) -> int:
     return int(_U64.unpack(bytes(b))[0])
+
+
+_NAME = re.compile(rb"[A-Za-z0-9._-]{1,64}")
+
+
+def plain_name(raw: bytes) -> str | None:
+    """A name for a batch, snapshot or chunk session (SPEC §6.1: ``[A-Za-z0-9._-]{1,64}``,
+    not ``.`` or ``..``), or None."""
+    if not _NAME.fullmatch(raw) or raw in (b".", b".."):
+        return None
+    return raw.decode()
 
 
 def now_iso() -> str:
