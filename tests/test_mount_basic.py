@@ -148,3 +148,42 @@ def test_rename_onto_a_journaled_path_is_a_commit_of_that_path(workspace: Path) 
         store.close()
     old = sha(b"a = 1\n").split(":")[1]
     assert (workspace / ".rw" / "objects" / old[:2] / old[2:]).read_bytes() == b"a = 1\n"
+
+
+def test_streamed_hash_matches_the_bytes_after_any_write_pattern(mount: Mount) -> None:
+    """Large writes in order are hashed as they come; any write before the hashed prefix,
+    a truncate or a reopen must still give the journal the digest of the bytes on disk."""
+    import hashlib
+    import json as _json
+
+    mib = 1 << 20
+    f = mount.path / "big.bin"
+    patterns = {
+        "in order": [(0, b"a" * mib), (mib, b"b" * mib)],
+        "rewrite inside": [(0, b"a" * mib), (mib, b"b" * mib), (mib // 2, b"c" * 100_000)],
+        "gap then fill": [(mib, b"b" * mib), (0, b"a" * mib)],
+        "small then large": [(0, b"s" * 10), (10, b"L" * mib)],
+    }
+
+    def check(what: str) -> None:
+        (mount.path / ".rw" / "ctl").write_text("sync\n")
+        want = "sha256:" + hashlib.sha256(f.read_bytes()).hexdigest()
+        events = [_json.loads(x) for x in (mount.path / ".rw" / "journal").read_text().splitlines()]
+        last = [e for e in events if e.get("path") == "big.bin" and e["op"] == "write"][-1]
+        assert last["intended"] == want, what
+
+    for name, writes in patterns.items():
+        fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for off, data in writes:
+                os.pwrite(fd, data, off)
+        finally:
+            os.close(fd)
+        check(name)
+        if name == "in order":  # then: truncate below the hashed prefix, and append again
+            with open(f, "r+b") as out:
+                out.truncate(mib // 3)
+            check("truncated")
+            with open(f, "ab") as out:
+                out.write(b"z" * mib)
+            check("appended")
