@@ -210,3 +210,34 @@ def test_gc_keeps_what_snapshots_and_history_need(mount: Mount) -> None:
     assert (mount.path / ".rw" / "snapshots" / "s" / "tree" / "a.txt").read_text() == "v3\n"
     _ctl(mount, "restore s")
     assert f.read_text() == "v3\n"
+
+
+def test_gc_keeps_refused_drafts_and_lists_only_what_it_kept(mount: Mount) -> None:
+    pol = mount.path / ".rw" / "policy.toml"
+    pol.write_text(pol.read_text().replace("retain_days = 30", "retain_days = 0"))
+    good = "".join(f"def f{i}():\n    return {i}\n" for i in range(30))
+    (mount.path / "m.py").write_text(good)
+    with pytest.raises(OSError):
+        (mount.path / "m.py").write_text(good.replace("f5():", "f5(:"))  # refused
+    (draft,) = list((mount.path / ".rw" / "rejected").iterdir())
+    (mount.path / "gone.txt").write_text("v1\n")
+    (mount.path / "gone.txt").write_text("v2\n")
+    (mount.path / "gone.txt").unlink()
+    _ctl(mount, "gc")
+    # A refused draft is never lost (SPEC I5).
+    assert draft.read_text() == good.replace("f5():", "f5(:")
+    # Every version still listed reads back; the deleted file's versions are gone.
+    top = mount.path / ".rw" / "history"
+    assert not (top / "gone.txt").exists() or all(
+        p.read_bytes() for p in (top / "gone.txt").iterdir()
+    )
+    assert _versions(mount, "m.py") == [good]
+
+
+def test_a_restored_file_gets_an_ordinary_mode(mount: Mount) -> None:
+    (mount.path / "k.txt").write_text("k\n")
+    (mount.path / ".rw" / "snapshots" / "s").mkdir()
+    (mount.path / "k.txt").unlink()
+    _ctl(mount, "restore s")
+    assert (mount.path / "k.txt").read_text() == "k\n"
+    assert (mount.path / "k.txt").stat().st_mode & 0o777 == 0o644

@@ -8,6 +8,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from conftest import Mount, check_clean, prepare_state
 
 from rwfs.policy import DEFAULT_TEXT
@@ -143,3 +144,13 @@ def test_fsck_finds_an_object_the_scratchpad_needs_missing(workspace: Path) -> N
     victim.unlink()
     res = m.fsck()
     assert res.returncode == 1 and "scratch file note.bin" in res.stdout
+
+
+def test_a_control_write_over_its_limit_applies_nothing(mount: Mount) -> None:
+    pol = mount.path / ".rw" / "policy.toml"
+    before = pol.read_text()
+    with pytest.raises(OSError) as err:
+        with open(pol, "w") as f:
+            f.write(before + "#" * (2 << 20))  # a valid policy, but over 1 MiB
+    assert err.value.errno == 27  # EFBIG
+    assert pol.read_text() == before

@@ -52,9 +52,15 @@ def _err(message: str, batch: str | None, errno_: int = errno.EINVAL, **extra: A
         errno.EBADMSG: ("blocked", "gate"),
         errno.EIO: ("journal_unavailable", "io"),
     }.get(errno_, ("policy_violation", "verb"))
-    where = f".rw/batches/{batch}/ctl" if batch else ".rw/batches"
+    where = extra.pop("where", None) or (f".rw/batches/{batch}/ctl" if batch else ".rw/batches")
     return RwfsError(
-        errno_, error, extra.pop("hint", hint), message, path=where, batch=batch, **extra
+        errno_,
+        extra.pop("error", error),
+        extra.pop("hint", hint),
+        message,
+        path=where,
+        batch=batch,
+        **extra,
     )
 
 
@@ -311,6 +317,8 @@ class Batches:
                     batch.name,
                     first["errno"],
                     details={"reasons": reasons},
+                    error=first.get("error"),
+                    hint=first["reason"],
                 )
             self._finish(batch, commits)
 
@@ -500,6 +508,7 @@ class Batches:
                 + f"; see .rw/batches/{name}/status.",
                 name,
                 errno.ESTALE if conflicts else errno.EIO,
+                where=".rw/ctl",
             )
         return batch
 
@@ -625,7 +634,7 @@ class Batches:
                 refused = [f for f in findings if f.action == "reject"]
                 if refused:
                     code = getattr(errno, self.ws.policy.refusal_errno)
-                    fail(c, code, refused[0].gate, refused[0].message)
+                    fail(c, code, refused[0].gate, refused[0].message, error="blocked")
         return reasons
 
     def _keep_base(self, c: Commit) -> None:
@@ -658,7 +667,9 @@ class Batches:
         c.stage = stage
         c.size = os.fstat(stage.fd).st_size
         live = self._live_fd(c.path)
-        if live is not None:  # the live file's mode, owner and xattrs carry over
+        if live is None:  # re-created: not the object's read-only mode
+            os.fchmod(stage.fd, 0o644)
+        else:  # the live file's mode, owner and xattrs carry over
             try:
                 copy_metadata(live, stage.fd, os.fstat(live))
             finally:

@@ -49,6 +49,12 @@ def plan(session: dict[str, Any]) -> list[str]:
     as many as ``expect`` says."""
     where = f".rw/chunks/{session['name']}/ctl"
     by_number = {_number(p.encode()): d for p, d in session["parts"].items()}
+    if len(by_number) < len(session["parts"]):
+        raise _bad(
+            f"Nothing was composed: two parts of session {session['name']} have the same "
+            "number (e.g. part-1 and part-001); remove one, then compose again.",
+            where,
+        )
     numbers = sorted(by_number)
     if not numbers:
         raise _bad(
@@ -230,10 +236,13 @@ class Parts:
             return b"" if digest is None else c.ws.objects.read(digest)
 
         async def write(data: bytes, who: dict[str, Any]) -> None:
-            digest = await trio.to_thread.run_sync(c.ws.objects.keep_bytes, data, limiter=_LIMIT)
-            session = self.chunks._get(self.name)
-            session["parts"][part.decode()] = digest
-            await self.chunks._save(session)
+            async with c.ws.commit_lock:  # the object and its record, together, for gc
+                digest = await trio.to_thread.run_sync(
+                    c.ws.objects.keep_bytes, data, limiter=_LIMIT
+                )
+                session = self.chunks._get(self.name)
+                session["parts"][part.decode()] = digest
+                await self.chunks._save(session)
 
         node = c.add(self.node, part, render, write)
         node.max_bytes, node.slow = MAX_PART, True

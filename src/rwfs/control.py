@@ -316,14 +316,15 @@ class Control:
         if snap is None:
             raise _verb_error(f"Nothing was restored: there is no snapshot {args[0]!r}.")
         await self.ws.sync()
-        changes = self.snapshots.changes_since(snap, [os.fsencode(a) for a in args[1:]])
+        paths = [os.fsencode(os.path.normpath(a)).lstrip(b"/") for a in args[1:]]
+        changes = self.snapshots.changes_since(snap, paths)
         if changes:
             await self.batches.replay(f"restore-{args[0]}"[:64], changes, who)
 
     async def _gc(self, args: list[str], who: dict[str, Any]) -> None:
         no_args(args, "gc", ".rw/ctl")
-        await self.ws.sync()
         async with self.ws.commit_lock:
+            await self.ws.flush_locked()  # every reference to an object is journaled
             await trio.to_thread.run_sync(
                 gc.collect, self.ws.store, self.ws.objects, self.ws.policy
             )
@@ -484,7 +485,9 @@ class HistoryViews:
         versions = h.versions(self.prefix) if self.prefix else []
         for v in versions:
             key = v.name.encode()
-            retained = v is versions[-1] or self.c.ws.objects.exists(str(v.digest))
+            # The newest version of a path that exists is its live file.
+            current = v is versions[-1] and h.paths[self.prefix][-1].digest == v.digest
+            retained = current or self.c.ws.objects.exists(str(v.digest))
             if key not in self.node.children and retained:
                 self.c.add(self.node, key, self._reader(v)).slow = True
 

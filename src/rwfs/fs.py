@@ -319,6 +319,7 @@ class Operations(pyfuse3.Operations):
         if inode is None:  # rwfs itself wrote the path (a resumed batch, a conflict's verb)
             inode = self.inodes.by_path.get(c.path)
             if inode is not None and c.outcome == "committed":
+                self._new_version(inode, c.stage.expected, str(c.intended), {})
                 if inode.handles == 0 and inode.stage is None and inode.pending is None:
                     st = os.stat(rel(c.path), dir_fd=self.ws.root_fd, follow_symlinks=False)
                     self.inodes.rekey(inode, (st.st_dev, st.st_ino))
@@ -787,6 +788,8 @@ class Operations(pyfuse3.Operations):
         batch = batch or self.batches.for_writer(self._who(ctx))
         if batch is None or path in self._hidden:
             return False
+        if inode is not None and not (held and held.held):
+            await self._settle(inode)  # the batch's base is the file's committed bytes
         st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
         if not (stat.S_ISREG(st.st_mode) and self._journaled(path, st)):
             return False
@@ -861,6 +864,8 @@ class Operations(pyfuse3.Operations):
         if held is None or not held.held:
             raise pyfuse3.FUSEError(errno.EXDEV)
         old = target or self.inodes.by_path.get(dst)
+        if old is not None and target is None:
+            await self._settle(old)  # the batch's base is the file's committed bytes
         base = None
         if old is not None and old.pending is not None and old.pending.held:
             base = old.pending.stage.expected  # the batch's base of dst
@@ -1119,7 +1124,8 @@ class Operations(pyfuse3.Operations):
                     raise
                 return len(buf)
             end = off + len(buf)
-            if end > h.node.max_bytes:
+            if end > h.node.max_bytes or h.failed is not None:
+                h.failed = (off, buf, errno.EFBIG)  # nothing of it is applied at close
                 raise pyfuse3.FUSEError(errno.EFBIG)
             if len(h.written) < end:
                 h.written.extend(b"\0" * (end - len(h.written)))
@@ -1146,6 +1152,8 @@ class Operations(pyfuse3.Operations):
         if isinstance(h, ControlHandle):
             # Like a file's commit point: only a flush after a write applies the text (a
             # shell closes a duplicate descriptor before it writes anything).
+            if h.failed is not None:
+                return  # a write was refused: the text is not applied
             if h.dirty and h.written is not None and h.node.write is not None:
                 h.dirty = False
                 await h.node.write(bytes(h.written), h.who)

@@ -1,9 +1,11 @@
 """Garbage collection of the object store (SPEC §8): ``rwfs gc`` and ``.rw/ctl gc``.
 
 An object is kept when something still needs it: a pending receipt, an open conflict, an
-unfinished batch, the scratchpad, a chunk session, a handoff note, a snapshot (every path's bytes at the snapshot's LSN), the newest
+unfinished batch, the scratchpad, a chunk session, a handoff note, a refused draft, a
+snapshot (every path's bytes at the snapshot's LSN), the newest
 version of each path, or, within the retention policy, a history version replaced less
-than ``retain_days`` ago or a refused draft that recent. ``retain_bytes`` (when not 0)
+than ``retain_days`` ago. Whoever keeps an object and journals what refers to it does
+both under ``Workspace.commit_lock``, which the daemon's gc holds, after a flush. ``retain_bytes`` (when not 0)
 then caps what is kept by retention alone, dropping the oldest first. Everything else
 goes. Blocking: the daemon runs it in a worker thread, the CLI directly when unmounted.
 """
@@ -35,7 +37,7 @@ def needed(store: Store, history: History) -> set[str]:
         if c["state"] == "open":
             keep |= {c.get("expected"), c.get("intended")}
     for b in store.batches():
-        if b["state"] not in ("committed", "aborted"):
+        if b["state"] not in ("committed", "aborted", "conflicted"):
             for e in b["entries"].values():
                 keep |= {e.get("expected"), e.get("intended")}
     for r in store.records(b"scratch"):
@@ -44,6 +46,9 @@ def needed(store: Store, history: History) -> set[str]:
         keep |= set(session["parts"].values())
     for h in store.records(b"handoffs"):
         keep.add(h["note"])
+    for ev in store.events():  # a refused draft is never lost (SPEC I5)
+        if ev["op"] == "refuse":
+            keep.add(ev.get("intended"))
     history.refresh()
     for versions in history.paths.values():
         keep.add(versions[-1].digest)
@@ -62,9 +67,6 @@ def recent(store: Store, history: History, cutoff: float) -> dict[str, float]:
             when = _epoch(new.ts)
             if old.digest and when >= cutoff:
                 out[old.digest] = max(out.get(old.digest, 0.0), when)
-    for ev in store.events():
-        if ev["op"] == "refuse" and ev.get("intended") and _epoch(ev["ts"]) >= cutoff:
-            out[ev["intended"]] = max(out.get(ev["intended"], 0.0), _epoch(ev["ts"]))
     return out
 
 
@@ -76,9 +78,10 @@ def collect(
     now: float | None = None,
 ) -> dict[str, Any]:
     say = progress or (lambda msg: None)
+    started = now or time.time()
     history = History(store)
     keep = needed(store, history)
-    cutoff = (now or time.time()) - policy.retain_days * 86400
+    cutoff = started - policy.retain_days * 86400
     soft = recent(store, history, cutoff)
     found: dict[str, int] = {}
     for sub in sorted(os.listdir(objects.fd)):

@@ -73,11 +73,14 @@ class Handoff:
                 state.pop(ev["path"], None)
                 state[ev["dest"]] = ev["intended"]
         good = [{"path": p, "sha256": d} for p, d in sorted(state.items()) if d]
-        digest = await trio.to_thread.run_sync(ws.objects.keep_bytes, data, limiter=_LIMIT)
-        record = {"lsn": ws.store.meta_int(b"lsn"), "note": digest, "last_good_state": good, **who}
-        await trio.to_thread.run_sync(
-            ws.store.write, lambda txn: txn.new_handoff(record), limiter=_LIMIT
-        )
+
+        def keep() -> None:
+            digest = ws.objects.keep_bytes(data)
+            record = {"lsn": ws.store.meta_int(b"lsn"), "note": digest, "last_good_state": good}
+            ws.store.write(lambda txn: txn.new_handoff({**record, **who}))
+
+        async with ws.commit_lock:  # the object and its record, together, for gc
+            await trio.to_thread.run_sync(keep, limiter=_LIMIT)
 
     def _text(self, record: dict[str, Any], drift: bool) -> bytes:
         ws = self.c.ws

@@ -75,17 +75,20 @@ class Scratch:
     def _writer(self, name: bytes) -> Any:
         async def write(data: bytes, who: dict[str, Any]) -> None:
             ws = self.c.ws
-            digest = await trio.to_thread.run_sync(ws.objects.keep_bytes, data, limiter=_LIMIT)
-            record = {
-                "name": os.fsdecode(name),
-                "digest": digest,
-                "size": len(data),
-                "ts": now_iso(),
-                **who,
-            }
-            await trio.to_thread.run_sync(
-                ws.store.write, lambda txn: txn.put(_DB, name, record), limiter=_LIMIT
-            )
+
+            def keep() -> None:
+                digest = ws.objects.keep_bytes(data)
+                record = {
+                    "name": os.fsdecode(name),
+                    "digest": digest,
+                    "size": len(data),
+                    "ts": now_iso(),
+                    **who,
+                }
+                ws.store.write(lambda txn: txn.put(_DB, name, record))
+
+            async with ws.commit_lock:  # the object and its record, together, for gc
+                await trio.to_thread.run_sync(keep, limiter=_LIMIT)
             self.new.discard(name)
 
         return write

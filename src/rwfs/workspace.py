@@ -380,29 +380,32 @@ class Workspace:
         info: dict[str, Any],
     ) -> RwfsError:
         """Keep a refused draft, journal the refusal, and say so to the writer (SPEC §4.2-4.3)."""
-        await trio.to_thread.run_sync(self.objects.keep_fd_copy, draft_fd, intended, limiter=_LIMIT)
-        key = (path, intended)
-        left = max(self._budget.get(key, self.policy.retry_budget + 1) - 1, 0)
-        self._budget[key] = left
-        if len(self._budget) > 10_000:
-            self._budget.clear()
-        first = next(f for f in findings if f.action == "reject")
-        draft_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + intended[7:15]
-        draft = f".rw/rejected/{draft_id}"
-        name = fsdecode(path)
-        self.record(
-            {
-                "op": "refuse",
-                "path": name,
-                "batch": None,
-                "gate": first.gate,
-                "expected": expected,
-                "intended": intended,
-                "draft": draft_id,
-                "retry_budget": left,
-                **{k: info[k] for k in ("pid", "comm", "uid") if k in info},
-            }
-        )
+        async with self.commit_lock:  # the draft and its event, together, for gc
+            await trio.to_thread.run_sync(
+                self.objects.keep_fd_copy, draft_fd, intended, limiter=_LIMIT
+            )
+            key = (path, intended)
+            left = max(self._budget.get(key, self.policy.retry_budget + 1) - 1, 0)
+            self._budget[key] = left
+            if len(self._budget) > 10_000:
+                self._budget.clear()
+            first = next(f for f in findings if f.action == "reject")
+            draft_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + intended[7:15]
+            draft = f".rw/rejected/{draft_id}"
+            name = fsdecode(path)
+            self.record(
+                {
+                    "op": "refuse",
+                    "path": name,
+                    "batch": None,
+                    "gate": first.gate,
+                    "expected": expected,
+                    "intended": intended,
+                    "draft": draft_id,
+                    "retry_budget": left,
+                    **{k: info[k] for k in ("pid", "comm", "uid") if k in info},
+                }
+            )
         if left > 0:
             todo = f"read {name} again and re-apply your edit in full; your draft is at {draft}"
         else:
@@ -432,7 +435,6 @@ class Workspace:
     ) -> RwfsError:
         """Refuse a lost update (policy ``stale_write = "conflict"``): the writer's bytes are
         kept, a conflict is opened with what it read as the base, and ESTALE says so."""
-        await trio.to_thread.run_sync(self.objects.keep_fd_copy, stage.fd, intended, limiter=_LIMIT)
         name = fsdecode(path)
 
         def write(txn: Any) -> int:
@@ -462,7 +464,11 @@ class Workspace:
                 )
             )
 
-        cid = await trio.to_thread.run_sync(self.store.write, write, limiter=_LIMIT)
+        async with self.commit_lock:  # the bytes and what refers to them, together, for gc
+            await trio.to_thread.run_sync(
+                self.objects.keep_fd_copy, stage.fd, intended, limiter=_LIMIT
+            )
+            cid = await trio.to_thread.run_sync(self.store.write, write, limiter=_LIMIT)
         return RwfsError(
             errno.ESTALE,
             "stale_precondition",
@@ -582,51 +588,54 @@ class Workspace:
 
     async def flush(self) -> None:
         async with self.commit_lock:
-            self._urgent = trio.Event()
-            if not self._queue:
-                # Only a set event is replaced: the committer may be waiting on this one.
-                if self._has_work.is_set():
-                    self._has_work = trio.Event()
-                return
-            # atomic: take the queue and rotate the intent log together.
-            group, self._queue = self._queue, []
-            self._inflight = group
-            self._has_work = trio.Event()
-            assert self.intents is not None
-            gen = self.intents.rotate()
-            progress = {"prepared": False}
-            started = time.perf_counter()
-            try:
-                await trio.to_thread.run_sync(
-                    self._apply_group, group, gen, progress, limiter=_LIMIT
-                )
-                self.journal_ok = True
-            except Exception as exc:  # LMDB or the disk failed: never let it stop the daemon
-                self.journal_ok = False
-                self._inflight = []
-                log.error("group commit failed: %s", exc)
-                if not progress["prepared"]:
-                    self._fail_group(group, str(exc))  # nothing of the group was written
-                    return
-                # Receipts are prepared and the tree may hold the group's changes; only the
-                # records are missing. Recovery settles the receipts at the next mount (live
-                # file = intended); the namespace events are recorded with the next group.
-                self._queue[:0] = [i for i in group if isinstance(i, Event)]
-                if self._queue:
-                    self._has_work.set()
+            await self.flush_locked()
+
+    async def flush_locked(self) -> None:
+        """``flush`` for a caller that holds ``commit_lock`` (e.g. gc: nothing may be kept
+        as an object between this flush and its collection without being journaled)."""
+        self._urgent = trio.Event()
+        if not self._queue:
+            # Only a set event is replaced: the committer may be waiting on this one.
+            if self._has_work.is_set():
+                self._has_work = trio.Event()
+            return
+        # atomic: take the queue and rotate the intent log together.
+        group, self._queue = self._queue, []
+        self._inflight = group
+        self._has_work = trio.Event()
+        assert self.intents is not None
+        gen = self.intents.rotate()
+        progress = {"prepared": False}
+        started = time.perf_counter()
+        try:
+            await trio.to_thread.run_sync(self._apply_group, group, gen, progress, limiter=_LIMIT)
+            self.journal_ok = True
+        except Exception as exc:  # LMDB or the disk failed: never let it stop the daemon
+            self.journal_ok = False
             self._inflight = []
-            self.stats.count("groups")
-            self.stats.sample("group_commit", time.perf_counter() - started)
-            for item in group:
-                if isinstance(item, Commit):
-                    if item.outcome == "committed":
-                        self.stats.commit(item.path)
-                    else:
-                        self.stats.count(item.outcome)
-                    if item.outcome == "error":
-                        _close_quietly(item.stage.fd)
-                    self.on_committed(item)
-                    item.done.set()
+            log.error("group commit failed: %s", exc)
+            if not progress["prepared"]:
+                self._fail_group(group, str(exc))  # nothing of the group was written
+                return
+            # Receipts are prepared and the tree may hold the group's changes; only the
+            # records are missing. Recovery settles the receipts at the next mount (live
+            # file = intended); the namespace events are recorded with the next group.
+            self._queue[:0] = [i for i in group if isinstance(i, Event)]
+            if self._queue:
+                self._has_work.set()
+        self._inflight = []
+        self.stats.count("groups")
+        self.stats.sample("group_commit", time.perf_counter() - started)
+        for item in group:
+            if isinstance(item, Commit):
+                if item.outcome == "committed":
+                    self.stats.commit(item.path)
+                else:
+                    self.stats.count(item.outcome)
+                if item.outcome == "error":
+                    _close_quietly(item.stage.fd)
+                self.on_committed(item)
+                item.done.set()
 
     def _fail_group(self, group: list[Commit | Event], why: str) -> None:
         # Nothing of the group reached the tree. Writers waiting (strict, fsync) are told;
