@@ -312,9 +312,12 @@ class Operations(pyfuse3.Operations):
     def _committed(self, c: Commit) -> None:
         """Called by the committer (on the loop) once a queued commit is settled."""
         inode: Inode | None = c.owner
-        if c.intended is None:  # a batch's deletion, committed or dropped
+        if c.intended is None:  # a batch's deletion (or a restore's), committed or dropped
             self._hidden.discard(c.path)
-            self._drop_entry(c.path)
+            if c.outcome == "committed":
+                self._gone(c.path)
+            else:
+                self._drop_entry(c.path)
             return
         if inode is None:  # rwfs itself wrote the path (a resumed batch, a conflict's verb)
             inode = self.inodes.by_path.get(c.path)
