@@ -865,13 +865,14 @@ def _recover_committing(
     # Settle what landed, open conflicts for what changed; owed writes wait (or, with
     # resume = "auto", are performed below).
     settle = []
-    owed = 0
+    owed = unreadable = 0
     for r in receipts:
         path = os.fsencode(r["path"])
         try:
             live, _ = ws.live_digest(path)
         except OSError:
             summary["pending"] += 1
+            unreadable += 1
             owed += 1
             continue
         c = Commit(
@@ -930,4 +931,4 @@ def _recover_committing(
     ws.store.write(write)
     if auto and batch.state == INTERRUPTED:
         batches.resume_now(batch)
-        summary["performed"] += owed
+        summary["performed"] += owed - unreadable

@@ -258,7 +258,7 @@ class Control:
 
     def fail(self, exc: RwfsError) -> None:
         """Show an error envelope at ``.rw/last-error`` and, for a file, ``.rw/why/<path>``."""
-        env = self.last_error = exc.envelope
+        env = self.last_error = {**exc.envelope, "at": now_iso()}  # each refusal its own
         path = env.get("path") or ""
         if path and not path.startswith(".rw"):
             body = _json(env)
@@ -317,6 +317,8 @@ class Control:
             raise _verb_error(f"Nothing was restored: there is no snapshot {args[0]!r}.")
         await self.ws.sync()
         paths = [os.fsencode(os.path.normpath(a)).lstrip(b"/") for a in args[1:]]
+        if b"." in paths:  # the workspace's top: everything
+            paths = []
         changes = self.snapshots.changes_since(snap, paths)
         if changes:
             await self.batches.replay(f"restore-{args[0]}"[:64], changes, who)

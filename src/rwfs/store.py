@@ -6,7 +6,8 @@ values are listed here, and this docstring is the canonical reference for them.
 ``meta``       — ``b"schema"`` → ASCII schema version (``SCHEMA_VERSION``).
                  ``b"lsn"`` → u64, the last log sequence number handed out.
                  ``b"receipt"`` → u64, the last receipt id handed out.
-                 ``b"notice"`` / ``b"conflict"`` → u64, the last notice / conflict id.
+                 ``b"notice"`` / ``b"conflict"`` / ``b"handoff"`` → u64, the last notice /
+                 conflict / handoff id.
                  ``b"prepared_gen"`` / ``b"applied_gen"`` → u64, the newest intent-log
                  generation whose receipts are prepared / whose events are all applied
                  (see ``intents.py``).
@@ -21,10 +22,13 @@ values are listed here, and this docstring is the canonical reference for them.
                  last journaled content of each path (``digest`` null once deleted).
 ``objects``    — digest (ASCII ``sha256:…``) → JSON ``{size, lsn}``: objects the store
                  holds, with the LSN that first kept them.
-``batches``    — batch name (ASCII) → JSON ``{name, state, opened, scope, entries,
-                 receipts, reasons, noticed}`` (batches.py): ``entries`` maps each path
-                 to ``{expected, intended, size, order, stage}`` (``stage`` is the
-                 staging file holding the draft, or null once the draft is an object);
+``batches``    — batch name (ASCII) → JSON ``{name, state, opened, opened_by, scope,
+                 entries, reasons, noticed, dirs?, rolled_back?, removed?}``
+                 (batches.py): ``entries`` maps each path to ``{expected, intended,
+                 size, order, stage, receipt?, done?, outcome?}`` (``stage`` is the
+                 staging file holding the draft, or null once the draft is an object;
+                 ``intended`` null: a deletion); ``dirs`` lists directories the batch
+                 made; ``removed``: rmdir'd, hidden, its name still taken;
                  ``state`` is ``open``, ``committing``, ``committed``, ``aborted``,
                  ``interrupted`` or ``conflicted``.
 ``notices``    — u64 id → JSON notice ``{id, ts, kind, batch, message, …}`` (SPEC §6.2).
