@@ -241,3 +241,21 @@ def test_a_restored_file_gets_an_ordinary_mode(mount: Mount) -> None:
     _ctl(mount, "restore s")
     assert (mount.path / "k.txt").read_text() == "k\n"
     assert (mount.path / "k.txt").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_plain_delete_is_a_batch_of_one_that_undo_reverses(mount: Mount) -> None:
+    (mount.path / "a.txt").write_text("a\n")
+    (mount.path / "a.txt").unlink()
+    _ctl(mount, "sync")
+    events = [json.loads(x) for x in (mount.path / ".rw" / "journal").read_text().splitlines()]
+    (gone,) = [e for e in events if e["op"] == "unlink"]
+    assert str(gone["batch"]).startswith("auto-")
+    _ctl(mount, f"undo {gone['batch']}")
+    assert (mount.path / "a.txt").read_text() == "a\n"
+    # A new file's creation is undone by removing it (if it still holds what it was made with).
+    (mount.path / "empty.txt").touch()
+    _ctl(mount, "sync")
+    events = [json.loads(x) for x in (mount.path / ".rw" / "journal").read_text().splitlines()]
+    (made,) = [e for e in events if e["op"] == "create" and e["path"] == "empty.txt"]
+    _ctl(mount, f"undo {made['batch']}")
+    assert not (mount.path / "empty.txt").exists()

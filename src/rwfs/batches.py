@@ -445,7 +445,7 @@ class Batches:
         before: dict[bytes, str | None] = {}
         after: dict[bytes, str | None] = {}
         for ev in self.ws.store.events():
-            if ev.get("batch") != name or ev["op"] not in ("write", "unlink", "rename"):
+            if ev.get("batch") != name or ev["op"] not in ("write", "create", "unlink", "rename"):
                 continue
             path = os.fsencode(ev["path"])
             if ev["op"] == "rename":
@@ -457,8 +457,8 @@ class Batches:
                 before.setdefault(path, ev["intended"])
                 after[path] = None
             else:
-                before.setdefault(path, ev.get("expected"))
-                after[path] = ev.get("intended") if ev["op"] == "write" else None
+                before.setdefault(path, None if ev["op"] == "create" else ev.get("expected"))
+                after[path] = None if ev["op"] == "unlink" else ev.get("intended")
         return {p: (after[p], before[p]) for p in after if after[p] != before[p]}
 
     async def replay(

@@ -150,6 +150,8 @@ class Operations(pyfuse3.Operations):
         # files created in the batch, or a new file renamed over one (Inode.virtual).
         self._virtual: dict[bytes, Inode] = {}
         self._hidden: set[bytes] = set()  # paths an open batch deletes: gone from the view
+        self._dropping = 0  # kernel-cache invalidations in flight (_soon)
+        self._dropped = trio.Event()
         ws.on_committed = self._committed
         ws.on_gone = self._gone
 
@@ -280,7 +282,29 @@ class Operations(pyfuse3.Operations):
     def _invalidate(self, inode: Inode) -> None:
         """Drop the kernel's cache of an inode soon (when a request of ours may hold the
         kernel's lock on it, e.g. an fsync we have not answered yet)."""
-        trio.lowlevel.spawn_system_task(trio.to_thread.run_sync, _drop_kernel_cache, inode.ino)
+        self._soon(_drop_kernel_cache, inode.ino)
+
+    def _soon(self, drop: Callable[..., None], *args: Any) -> None:
+        """Run a kernel-cache invalidation in a worker thread, without waiting for it."""
+        self._dropping += 1
+
+        async def run() -> None:
+            try:
+                await trio.to_thread.run_sync(drop, *args)
+            finally:
+                self._dropping -= 1
+                if not self._dropping:
+                    self._dropped.set()
+                    self._dropped = trio.Event()
+
+        trio.lowlevel.spawn_system_task(run)
+
+    async def _view_settled(self) -> None:
+        """Wait until the invalidations started so far are done: a control verb that
+        changed files (restore, undo, resume, a conflict's verb) returns after them, so
+        that what its writer reads next is the new bytes."""
+        while self._dropping:
+            await self._dropped.wait()
 
     async def _invalidate_now(self, inode: Inode) -> None:
         """Drop the kernel's cache of an inode before answering."""
@@ -374,9 +398,7 @@ class Operations(pyfuse3.Operations):
         parent, _, name = path.rpartition(b"/")
         inode = self.inodes.by_path.get(parent)
         if inode is not None:
-            trio.lowlevel.spawn_system_task(
-                trio.to_thread.run_sync, _drop_kernel_entry, inode.ino, name
-            )
+            self._soon(_drop_kernel_entry, inode.ino, name)
 
     def _release_fd(self, inode: Inode) -> None:
         if inode.handles == 0 and inode.stage is None and inode.pending is None:
@@ -1125,6 +1147,8 @@ class Operations(pyfuse3.Operations):
                 except RwfsError as exc:
                     h.failed = (off, buf, exc.errno)
                     raise
+                finally:
+                    await self._view_settled()
                 return len(buf)
             end = off + len(buf)
             if end > h.node.max_bytes or h.failed is not None:

@@ -122,6 +122,11 @@ class Txn:
         self._t.put(key, u64(n), db=self._s.db[b"meta"])
         return n
 
+    def next_lsn(self) -> int:
+        """The LSN the next ``append_event`` of this transaction will hand out."""
+        raw = self._t.get(b"lsn", db=self._s.db[b"meta"])
+        return (from_u64(raw) if raw else 0) + 1
+
     def append_event(self, event: dict[str, Any]) -> int:
         lsn = self._next(b"lsn")
         event = {"lsn": lsn, "ts": event.pop("ts", None) or now_iso(), **event}

@@ -914,6 +914,9 @@ def record_event(txn: Any, ev: dict[str, Any]) -> int:
         )
         receipt = txn.receipt(rid)
         ev["batch"] = f"auto-{rid}"
+    elif op in ("unlink", "create") and not ev.get("batch"):
+        # A batch of one, like every commit's, so that `undo` can name it.
+        ev["batch"] = f"auto-e{txn.next_lsn()}"
     lsn: int = txn.append_event(ev)
     if ev.get("expected") and op in ("unlink", "rename"):  # the removed bytes were kept
         txn.add_object(ev["expected"], ev.get("size", 0), lsn)
