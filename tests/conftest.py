@@ -169,3 +169,13 @@ def check_clean(m: Mount) -> None:
     assert "Traceback" not in log, f"the daemon logged an exception:\n{log}"
     res = m.fsck()
     assert res.returncode == 0, f"fsck found drift:\n{res.stdout}{res.stderr}"
+
+
+def as_nobody(cmd: str) -> subprocess.CompletedProcess[str]:
+    """Run a shell command as user and group 65534 (nobody), as another user would."""
+    return subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", cmd],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )

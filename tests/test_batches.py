@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Mount, check_clean, prepare_state
+from conftest import Mount, as_nobody, check_clean, prepare_state
 
 from rwfs.policy import DEFAULT_TEXT
 
@@ -553,15 +553,6 @@ def test_two_concurrent_commits_commit_once(mount: Mount) -> None:
 # ---- 5. scope ----
 
 
-def _as_nobody(cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", cmd],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-
-
 def test_scope_uid_holds_only_that_users_writes() -> None:
     # pytest's temporary directories are private (0700): another user needs one it can enter.
     top = Path(tempfile.mkdtemp(prefix="rwfs-batch-scope-"))
@@ -578,7 +569,7 @@ def test_scope_uid_holds_only_that_users_writes() -> None:
             assert verb(m, "rootonly", "scope uid\n") == 0
             assert bstatus(m, "rootonly")["scope"] == {"kind": "uid", "uid": 0}
 
-            res = _as_nobody(f"echo 'by nobody' > {mp}/pub.txt")
+            res = as_nobody(f"echo 'by nobody' > {mp}/pub.txt")
             assert res.returncode == 0, res.stderr
             (mp / "mine.txt").write_bytes(b"root's draft\n")
             sync(m)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
-from conftest import Mount, check_clean
+from conftest import Mount, as_nobody, check_clean
 
 
 def status(m: Mount) -> dict:
@@ -33,15 +32,6 @@ def test_separate_mountpoint_shows_the_workspace_and_keeps_it_reachable(tmp_path
     check_clean(m)
 
 
-def _as_nobody(cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", cmd],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-
-
 def test_allow_other_lets_other_users_in_with_their_permissions() -> None:
     # pytest's own temporary directories are private (0700): use one others can enter.
     top = Path(tempfile.mkdtemp(prefix="rwfs-allow-other-"))
@@ -62,16 +52,16 @@ def _allow_other(top: Path) -> None:
     m = Mount(ws).start()
     try:
         # Without allow_other, FUSE lets no other user in at all.
-        assert _as_nobody(f"cat {ws}/public.txt").returncode != 0
+        assert as_nobody(f"cat {ws}/public.txt").returncode != 0
     finally:
         m.stop()
     m = Mount(ws, options=("allow_other",)).start()
     try:
-        ok = _as_nobody(f"cat {ws}/public.txt")
+        ok = as_nobody(f"cat {ws}/public.txt")
         assert ok.returncode == 0 and ok.stdout == "hello\n"
-        denied = _as_nobody(f"cat {ws}/secret.txt")
+        denied = as_nobody(f"cat {ws}/secret.txt")
         assert denied.returncode != 0 and "Permission denied" in denied.stderr
-        assert _as_nobody(f"echo x > {ws}/public.txt").returncode != 0
+        assert as_nobody(f"echo x > {ws}/public.txt").returncode != 0
         assert (ws / "public.txt").read_text() == "hello\n"
     finally:
         m.stop()

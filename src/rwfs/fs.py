@@ -639,7 +639,6 @@ class Operations(pyfuse3.Operations):
                 await self._ensure_stage(i, truncate=attr.st_size == 0)
                 assert i.stage is not None
                 os.ftruncate(i.stage.fd, attr.st_size)
-                i.stage.truncated(attr.st_size)
                 h = self.handles.get(fh) if fh is not None else None
                 if isinstance(h, Handle):
                     h.dirty = True
@@ -1068,7 +1067,6 @@ class Operations(pyfuse3.Operations):
                     assert i.stage is not None
                     if os.fstat(i.stage.fd).st_size:  # a stage other writers had filled
                         os.ftruncate(i.stage.fd, 0)
-                        i.stage.truncated(0)
                 else:
                     self._open_backing(i, writable=True)
                     os.ftruncate(i.fd, 0)
@@ -1169,7 +1167,7 @@ class Operations(pyfuse3.Operations):
         if i.stage is None or i.stage.sealed:
             await self._ensure_stage(i)
         assert i.stage is not None
-        n = await self.ws.write_stage(i.stage, buf, off)
+        n = os.pwrite(i.stage.fd, buf, off)
         h.dirty = True
         return n
 

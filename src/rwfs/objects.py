@@ -20,10 +20,10 @@ EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
 _CHUNK = 1 << 20
 
 
-def digest_fd(fd: int, h: Any = None, off: int = 0) -> tuple[str, int]:
-    """SHA-256 of a file's whole content, read through ``fd``; returns (digest, size).
-    With ``h``, a hash of the file's first ``off`` bytes, only the rest is read."""
-    h = h or hashlib.sha256()
+def digest_fd(fd: int) -> tuple[str, int]:
+    """SHA-256 of a file's whole content, read through ``fd``; returns (digest, size)."""
+    h = hashlib.sha256()
+    off = 0
     while True:
         buf = os.pread(fd, _CHUNK, off)
         if not buf:
@@ -33,14 +33,13 @@ def digest_fd(fd: int, h: Any = None, off: int = 0) -> tuple[str, int]:
     return "sha256:" + h.hexdigest(), off
 
 
-def copy_fd(src: int, dst: int, h: Any = None) -> tuple[str, int]:
-    """Copy ``src`` into ``dst`` (both at offset 0) while hashing (into ``h``, if given: it
-    can go on hashing what is appended); returns (digest, size).
+def copy_fd(src: int, dst: int) -> tuple[str, int]:
+    """Copy ``src`` into ``dst`` (both at offset 0) while hashing; returns (digest, size).
 
     Holes stay holes: only data regions are written (SEEK_DATA/SEEK_HOLE), so a sparse
     file's stage, and the file it is committed as, stay sparse.
     """
-    h = h or hashlib.sha256()
+    h = hashlib.sha256()
     size = os.fstat(src).st_size
     off = 0
     while off < size:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import logging
 import os
 import stat
@@ -34,7 +33,6 @@ from .store import Store, now_iso
 log = logging.getLogger("rwfs.commit")
 _libc = ctypes.CDLL(None, use_errno=True)
 _LIMIT = trio.CapacityLimiter(4)
-_STREAM_MIN = 64 << 10  # smaller writes are not worth a thread hop: the seal hashes them
 
 
 def syncfs(fd: int) -> None:
@@ -144,19 +142,6 @@ class Stage:
     name: bytes
     expected: str | None  # None: a file that does not exist yet (created in a batch)
     sealed: bool = False
-    # The hash of the stage's first ``hashed`` bytes, kept up as large writes arrive in
-    # order, so that sealing a file written front to back reads nothing again. None once
-    # bytes before ``hashed`` change.
-    hasher: Any = field(default_factory=hashlib.sha256)
-    hashed: int = 0
-    streaming: bool = False  # a write is being written and hashed in a worker thread
-    lock: trio.Lock = field(default_factory=trio.Lock)  # held by that write, and the seal
-
-    def truncated(self, size: int) -> None:
-        if size == 0:
-            self.hasher, self.hashed = hashlib.sha256(), 0
-        elif size < self.hashed:
-            self.hasher = None
 
 
 @dataclass(eq=False)
@@ -281,19 +266,18 @@ class Workspace:
         fd = os.open(
             name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.staging_fd
         )
-        h = hashlib.sha256()
         try:
             st = os.fstat(source_fd)
             copy_metadata(source_fd, fd, st)
             if truncate:
                 expected = self.digest_of_fd(source_fd)
             else:
-                expected, _ = copy_fd(source_fd, fd, h)
+                expected, _ = copy_fd(source_fd, fd)
         except BaseException:
             os.close(fd)
             os.unlink(name, dir_fd=self.staging_fd)
             raise
-        return Stage(fd, name, expected, hasher=h, hashed=os.fstat(fd).st_size)
+        return Stage(fd, name, expected)
 
     async def empty_stage(self, mode: int, uid: int, gid: int) -> Stage:
         """A stage for a file that does not exist yet (one a batch creates)."""
@@ -320,37 +304,8 @@ class Workspace:
             pass
 
     async def seal(self, stage: Stage) -> tuple[str, int]:
-        # atomic: the caller set stage.sealed before this await, so no new write can slip
-        # in; one already in a worker thread holds the lock until its bytes are written.
-        async with stage.lock:
-            if stage.hasher is None:
-                return await trio.to_thread.run_sync(digest_fd, stage.fd, limiter=_LIMIT)
-            h, off = stage.hasher.copy(), stage.hashed
-            return await trio.to_thread.run_sync(digest_fd, stage.fd, h, off, limiter=_LIMIT)
-
-    async def write_stage(self, stage: Stage, buf: bytes, off: int) -> int:
-        """Write into a stage; a large write that continues the hashed prefix is written
-        and hashed in a worker thread (never on the event loop)."""
-        h = stage.hasher
-        if h is None or stage.streaming or off != stage.hashed or len(buf) < _STREAM_MIN:
-            if stage.streaming or off < stage.hashed:
-                stage.hasher = None  # the hashed prefix may change under the hash
-            return os.pwrite(stage.fd, buf, off)
-
-        def write_and_hash() -> int:
-            n = os.pwrite(stage.fd, buf, off)
-            h.update(memoryview(buf)[:n])
-            return n
-
-        async with stage.lock:  # atomic: acquired before this coroutine first yields
-            stage.streaming = True
-            try:
-                n = await trio.to_thread.run_sync(write_and_hash, limiter=_LIMIT)
-            finally:
-                stage.streaming = False
-        if stage.hasher is h:
-            stage.hashed += n
-        return n
+        # atomic: the caller set stage.sealed before this await, so no write can slip in.
+        return await trio.to_thread.run_sync(digest_fd, stage.fd, limiter=_LIMIT)
 
     # ---- gates ----
 
