@@ -90,6 +90,22 @@ def check_name(raw: bytes) -> str:
     return name
 
 
+def _record(
+    name: str, state: str, who: dict[str, Any], scope: str, entries: dict[str, Any]
+) -> dict[str, Any]:
+    """A new batch's LMDB record (store.py documents its fields)."""
+    return {
+        "name": name,
+        "state": state,
+        "opened": now_iso(),
+        "opened_by": who,
+        "scope": {"kind": scope},
+        "entries": entries,
+        "reasons": [],
+        "noticed": False,
+    }
+
+
 @dataclass(eq=False)
 class Batch:
     record: dict[str, Any]
@@ -127,17 +143,7 @@ class Batches:
                 name,
                 errno.EEXIST,
             )
-        record = {
-            "name": name,
-            "state": OPEN,
-            "opened": now_iso(),
-            "opened_by": who,
-            "scope": {"kind": "all"},
-            "entries": {},
-            "reasons": [],
-            "noticed": False,
-        }
-        batch = self.all[name] = Batch(record)
+        batch = self.all[name] = Batch(_record(name, OPEN, who, "all", {}))
         try:
             await self._save(batch)
         except BaseException:
@@ -478,17 +484,7 @@ class Batches:
             key = fsdecode(path)
             entries[key] = {"expected": current, "intended": target, "size": 0, "order": order}
             commits.append(Commit(path, Stage(-1, b"", current), target, 0, dict(who), batch=name))
-        record = {
-            "name": name,
-            "state": COMMITTING,
-            "opened": now_iso(),
-            "opened_by": who,
-            "scope": {"kind": "rwfs"},
-            "entries": entries,
-            "reasons": [],
-            "noticed": False,
-        }
-        batch = self.all[name] = Batch(record)
+        batch = self.all[name] = Batch(_record(name, COMMITTING, who, "rwfs", entries))
         async with batch.lock:
             await self.ws.sync()
             async with self.ws.commit_lock:
