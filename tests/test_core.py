@@ -341,3 +341,45 @@ def test_risk_prefilters_find_exactly_what_the_patterns_find() -> None:
     # Every family can be found at all (the pieces are not all near misses).
     one = b"".join(_RISK_PIECES[:2]) + b"Q" * 40 + b" john.doe@example.com 123-45-6789"
     assert {"api_key", "pii"} <= set(gates.risk(one)["detected_patterns"])
+
+
+_TS_SAMPLES = {
+    b"a.js": b"export function f(xs) {\n  return xs.map((x) => x * 2);\n}\nconst y = [1, 2];\n",
+    b"a.rs": b"pub fn f(x: i64) -> i64 {\n    x * 2\n}\nfn g() { let v = vec![1, 2]; }\n",
+    b"a.c": b"static int f(int x) {\n    return x * 2;\n}\nint y[] = {1, 2};\n",
+    b"a.rb": b"def f(x)\n  x * 2\nend\nY = [1, 2]\n",
+}
+
+
+def test_incremental_syntax_parse_agrees_with_a_full_parse() -> None:
+    """Each version is parsed from the previous one's tree (kept per path); the result
+    must be what a fresh parse of the same bytes gives, whatever the edit."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from rwfs import gates
+
+    edits = st.lists(
+        st.tuples(
+            st.floats(0, 1),
+            st.integers(0, 6),
+            st.sampled_from([b"", b"}", b"{", b"(", b")", b"\n", b"x", b"end\n", b";", b"  "]),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.sampled_from(sorted(_TS_SAMPLES)), edits)
+    def check(path: bytes, steps: list[tuple[float, int, bytes]]) -> None:
+        data = _TS_SAMPLES[path]
+        parse = gates.PARSERS[gates.language(path) or ""]
+        parse(data, path, None)  # the first version: a full parse, its tree kept
+        for where, cut, insert in steps:
+            at = int(where * len(data))
+            new = data[:at] + insert + data[at + cut :]
+            assert parse(new, path, data) == parse(new), (path, data, new)
+            parse(new, path, None)  # keep the tree of ``new`` for the next step
+            data = new
+
+    check()
