@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import chunks, conflicts, gates, gc, handoff, scratch
+from . import chunks, conflicts, gates, gc, handoff, parsers, scratch
 from .history import History, Version
 from .policy import Policy, PolicyError
 from .store import now_iso, plain_name
@@ -220,7 +220,7 @@ class Control:
             os.close(fd)
         if view == "risk":
             return gates.risk(data)
-        fmt, errors = gates.parse_errors(path, data)
+        fmt, errors = parsers.parse_errors(path, data)
         return {"valid": not errors, "format": fmt, "errors": errors}
 
     def mkdir(self, parent: CDir, name: bytes) -> CDir:

@@ -10,19 +10,13 @@ A new file (no previous bytes) is never refused: there is nothing it could have 
 
 from __future__ import annotations
 
-import ast
-import importlib
-import json
 import re
-import threading
-import tomllib
-import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
+from . import parsers
 
 # Gates read at most this much of a file; larger files are left alone (their content is
 # not what a model writes by hand, and reading them would slow every commit).
@@ -111,232 +105,12 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any]) -> Finding | None:
 # ---- syntax ----
 
 
-def _python(data: bytes) -> tuple[int, str] | None:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # e.g. invalid escape sequences: not errors
-            ast.parse(data)
-    except SyntaxError as exc:
-        return exc.lineno or 0, exc.msg
-    except ValueError as exc:  # null bytes
-        return 0, str(exc)
-    return None
-
-
-def _json(data: bytes) -> tuple[int, str] | None:
-    try:
-        json.loads(data)
-    except UnicodeDecodeError as exc:
-        return 0, str(exc)
-    except json.JSONDecodeError as exc:
-        return exc.lineno, exc.msg
-    return None
-
-
-def _toml(data: bytes) -> tuple[int, str] | None:
-    try:
-        tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        return 0, str(exc)
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r"line (\d+)", str(exc))
-        return (int(m.group(1)) if m else 0), str(exc).split(" (at ")[0]
-    return None
-
-
-# libyaml's safe loader when the wheel has it (about ten times faster), else PyYAML's own.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def _yaml(data: bytes) -> tuple[int, str] | None:
-    try:
-        for _ in yaml.parse(data, Loader=_YAML_LOADER):  # events only: syntax, no objects
-            pass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        return (mark.line + 1 if mark else 0), str(exc.problem or exc)
-    except yaml.YAMLError as exc:
-        return 0, str(exc)
-    return None
-
-
-# tree-sitter grammars, each from its own wheel: format -> (module, function).
-_GRAMMARS = {
-    "javascript": ("tree_sitter_javascript", "language"),
-    "typescript": ("tree_sitter_typescript", "language_typescript"),
-    "tsx": ("tree_sitter_typescript", "language_tsx"),
-    "java": ("tree_sitter_java", "language"),
-    "go": ("tree_sitter_go", "language"),
-    "rust": ("tree_sitter_rust", "language"),
-    "c": ("tree_sitter_c", "language"),
-    "cpp": ("tree_sitter_cpp", "language"),
-    "ruby": ("tree_sitter_ruby", "language"),
-    "bash": ("tree_sitter_bash", "language"),
-}
-_parsers = threading.local()  # a tree-sitter Parser is not safe to share between threads
-
-
-# The last tree parsed for each path, so that its next version is parsed incrementally:
-# an edit touches a few lines, and tree-sitter then reparses only around them (about a
-# millisecond instead of ten or more at 100 KB). Trees are shared between the worker
-# threads (each edits a copy); only files up to _TREE_BYTES are kept, at most _TREES_MAX.
-_trees: dict[tuple[str, bytes], tuple[bytes, Any]] = {}
-_trees_lock = threading.Lock()
-_TREES_MAX = 128
-_TREE_BYTES = 1 << 20
-
-
-def _tree_sitter(lang: str) -> Callable[..., tuple[int, str] | None]:
-    def parse(
-        data: bytes, path: bytes | None = None, previous: bytes | None = None
-    ) -> tuple[int, str] | None:
-        cache = _parsers.__dict__
-        parser = cache.get(lang)
-        if parser is None:
-            import tree_sitter
-
-            module, func = _GRAMMARS[lang]
-            grammar = getattr(importlib.import_module(module), func)()
-            parser = cache[lang] = tree_sitter.Parser(tree_sitter.Language(grammar))
-        key = (lang, path or b"")
-        old_tree = None
-        if path is not None and previous is not None:
-            with _trees_lock:
-                hit = _trees.get(key)
-            if hit is not None and hit[0] == previous:
-                old_tree = hit[1].copy()
-                _edit(old_tree, previous, data)
-        tree = parser.parse(data, old_tree) if old_tree is not None else parser.parse(data)
-        if path is not None and len(data) <= _TREE_BYTES:
-            with _trees_lock:
-                _trees.pop(key, None)
-                _trees[key] = (data, tree)
-                if len(_trees) > _TREES_MAX:
-                    del _trees[next(iter(_trees))]  # the least recently parsed
-        root = tree.root_node
-        if not root.has_error:
-            return None
-        node = _first_error(root)
-        if node is None:
-            return 0, "syntax error"
-        what = f"missing {node.type!r}" if node.is_missing else "syntax error"
-        return node.start_point[0] + 1, what
-
-    return parse
-
-
-def _edit(tree: Any, old: bytes, new: bytes) -> None:
-    """Tell a tree of ``old`` which bytes became ``new``: the span between their common
-    prefix and their common suffix."""
-    start = _common_prefix(old, new)
-    limit = min(len(old), len(new)) - start
-    end = _common_prefix(old[::-1], new[::-1], limit)
-    old_end, new_end = len(old) - end, len(new) - end
-    tree.edit(
-        start_byte=start,
-        old_end_byte=old_end,
-        new_end_byte=new_end,
-        start_point=_point(old, start),
-        old_end_point=_point(old, old_end),
-        new_end_point=_point(new, new_end),
-    )
-
-
-def _common_prefix(a: bytes, b: bytes, limit: int | None = None) -> int:
-    """The length of the longest common prefix (at most ``limit``), by halving: each step
-    compares slices in C."""
-    lo, hi = 0, min(len(a), len(b), limit if limit is not None else len(a))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _point(data: bytes, offset: int) -> tuple[int, int]:
-    """(row, column) of a byte offset, as tree-sitter counts them (bytes)."""
-    row = data.count(b"\n", 0, offset)
-    return row, offset - (data.rfind(b"\n", 0, offset) + 1)
-
-
-def _first_error(node: Any) -> Any:
-    """The first ERROR or MISSING node, depth first (where a parser gave up)."""
-    if node.is_error or node.is_missing:
-        return node
-    for child in node.children:
-        if child.has_error or child.is_missing:
-            found = _first_error(child)
-            if found is not None:
-                return found
-    return None
-
-
-PARSERS: dict[str, Callable[..., tuple[int, str] | None]] = {
-    **{lang: _tree_sitter(lang) for lang in _GRAMMARS},
-    "python": _python,
-    "json": _json,
-    "toml": _toml,
-    "yaml": _yaml,
-}
-_SUFFIXES = {
-    ".py": "python",
-    ".pyi": "python",
-    ".json": "json",
-    ".toml": "toml",
-    ".yaml": "yaml",
-    ".yml": "yaml",
-    ".js": "javascript",
-    ".mjs": "javascript",
-    ".cjs": "javascript",
-    ".jsx": "javascript",
-    ".ts": "typescript",
-    ".mts": "typescript",
-    ".cts": "typescript",
-    ".tsx": "tsx",
-    ".java": "java",
-    ".go": "go",
-    ".rs": "rust",
-    ".c": "c",
-    ".h": "c",
-    ".cc": "cpp",
-    ".cpp": "cpp",
-    ".cxx": "cpp",
-    ".hh": "cpp",
-    ".hpp": "cpp",
-    ".hxx": "cpp",
-    ".rb": "ruby",
-    ".sh": "bash",
-    ".bash": "bash",
-}
-
-
-def language(path: bytes) -> str | None:
-    """The format of a file, from its name (None: not a format rwfs can parse)."""
-    name = path.rsplit(b"/", 1)[-1].decode("utf-8", "replace").lower()
-    dot = name.rfind(".")
-    return _SUFFIXES.get(name[dot:]) if dot > 0 else None
-
-
-def parse_errors(
-    path: bytes, data: bytes, previous: bytes | None = None
-) -> tuple[str | None, list[dict[str, Any]]]:
-    """(format, errors) of a file's bytes: errors is empty when it parses. ``previous``:
-    the bytes this version replaces, whose tree (if kept) makes the parse incremental."""
-    lang = language(path)
-    if lang is None:
-        return None, []
-    err = PARSERS[lang](data, path, previous) if lang in _GRAMMARS else PARSERS[lang](data)
-    return lang, ([] if err is None else [{"line": err[0], "message": err[1]}])
-
-
 def syntax(path: bytes, old: bytes, new: bytes) -> Finding | None:
     """A regression: the old version parsed and the new one does not."""
-    lang, errors = parse_errors(path, new, old)
+    lang, errors = parsers.parse_errors(path, new, old)
     if not errors:
         return None
-    if parse_errors(path, old, new)[1]:
+    if parsers.parse_errors(path, old, new)[1]:
         return None  # it was broken already: not this write's doing
     err = errors[0]
     return Finding(

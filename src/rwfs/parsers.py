@@ -1,0 +1,733 @@
+"""Parsers for the syntax gate, and how each one reparses an edited file quickly.
+
+``parse_errors(path, data, previous)`` gives a file's format and its first syntax error.
+A commit usually changes a few lines of a file whose previous version was parsed a moment
+before, so each format keeps something of that parse, per path, and parses the next
+version only around the edit:
+
+- tree-sitter formats keep the last tree; tree-sitter reparses only what the edit touched.
+- Python, YAML and Bash keep the last version's *outline*: its blocks (the module, a class
+  or function body, a mapping or sequence, the script's top level), where each of their
+  entries begins a line, and a few synthetic lines that recreate each block's context
+  (``if 1:`` at the enclosing indents; ``a:`` or ``-`` at the enclosing columns). An edit
+  inside a block is checked by parsing only the entries it touched, after those lines:
+  the rest of the file parsed before in the same context and has not changed. If that
+  piece does not parse, or leaves its block, the whole file is parsed, and that result
+  (with its error line) is the answer. Whether the shortcut ever answers differently from
+  a full parse is checked by property tests with random edits (tests/test_core.py).
+
+TOML is parsed by rtoml (Rust; ten times faster than tomllib), and by tomllib when rtoml
+refuses, so that nothing Python's own parser reads is refused.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import re
+import threading
+import tomllib
+import warnings
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import yaml
+
+Error = tuple[int, str]  # (line, message) of the first syntax error
+Parser = Callable[..., Error | None]  # (data, path=None, previous=None)
+
+# Per-path state is kept for files up to this size, for at most this many paths.
+_KEEP_BYTES = 1 << 20
+_KEEP_PATHS = 128
+
+
+class _Kept:
+    """A small least-recently-used map (format, path) -> (bytes, what their parse left),
+    shared by the worker threads."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[str, bytes], tuple[bytes, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, bytes], data: bytes) -> Any:
+        with self._lock:
+            hit = self._items.get(key)
+        return hit[1] if hit is not None and hit[0] == data else None
+
+    def put(self, key: tuple[str, bytes], data: bytes, state: Any) -> None:
+        if len(data) > _KEEP_BYTES:
+            return
+        with self._lock:
+            self._items.pop(key, None)
+            self._items[key] = (data, state)
+            if len(self._items) > _KEEP_PATHS:
+                del self._items[next(iter(self._items))]  # the least recently parsed
+
+
+_kept = _Kept()
+
+
+# ---- edits ----
+
+
+def _common_prefix(a: bytes, b: bytes, limit: int | None = None) -> int:
+    """The length of the longest common prefix (at most ``limit``), by halving: each step
+    compares slices in C."""
+    lo, hi = 0, min(len(a), len(b), limit if limit is not None else len(a))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _changed(old: bytes, new: bytes) -> tuple[int, int]:
+    """(start, end) of the span of ``old`` an edit replaced: between the common prefix
+    and the common suffix. The new bytes of that span end at ``end + len(new) - len(old)``."""
+    start = _common_prefix(old, new)
+    limit = min(len(old), len(new)) - start
+    return start, len(old) - _common_prefix(old[::-1], new[::-1], limit)
+
+
+def _line_starts(data: bytes) -> list[int]:
+    return [0, *(m.end() for m in re.finditer(b"\n", data))]
+
+
+# ---- outlines: reparse only the entries of a block that an edit touched ----
+
+
+@dataclass(frozen=True)
+class Block:
+    """A run of entries that can be parsed apart from the rest of the file."""
+
+    head: bytes  # the lines that recreate the block's context
+    shape: Any  # what its entries must still form (a format's own notion)
+    starts: tuple[int, ...]  # offsets where entries begin, each at a line start
+    end: int  # where the block's last entry ends (a line start or the end of the file)
+
+
+# Blocks shorter than this are not kept: an edit in one reparses its enclosing entry.
+_MIN_BLOCK = 1024
+
+
+class _Outliner(Protocol):
+    def outline(self, data: bytes) -> tuple[Error | None, list[Block] | None]:
+        """A full parse: the first error, else the file's blocks (None: none can be
+        trusted, e.g. for an unusual line ending)."""
+
+    def piece(self, block: Block, text: bytes) -> tuple[list[int], list[Block]] | None:
+        """Parse ``text``, entries of ``block``, after its head: None unless it parses
+        and stays inside the block; else the offsets (in ``text``) of the entries that
+        begin a line, and the blocks inside them."""
+
+
+def _reparse(fmt: _Outliner, old: bytes, blocks: list[Block], new: bytes) -> list[Block] | None:
+    """The blocks of ``new``, given those of ``old`` (which parsed), when the entries the
+    edit touched parse in their block's context; None when they do not (or the edit is not
+    inside any kept block), and only a full parse can tell.
+
+    The innermost block holding the edit is tried first, then up to two around it: an
+    edit can leave its block (a function added after the last method of a class)."""
+    start, end = _changed(old, new)
+    delta = len(new) - len(old)
+    inside = sorted(
+        (b for b in blocks if b.starts[0] <= start and end <= b.end),
+        key=lambda b: b.end - b.starts[0],
+    )
+    for block in inside[:3]:
+        a = block.starts[bisect_right(block.starts, start) - 1]
+        k = bisect_left(block.starts, end)
+        e = block.starts[k] if k < len(block.starts) else block.end
+        text = new[a : e + delta]
+        if text and (not text.endswith(b"\n") or text.endswith((b"\\\n", b"\\\r\n"))):
+            continue  # a line continued into the next entry: not a clean cut
+        found = fmt.piece(block, text)
+        if found is not None:
+            return _moved(blocks, block, a, e, delta, *found)
+    return None
+
+
+def _moved(
+    blocks: list[Block],
+    block: Block,
+    a: int,
+    e: int,
+    delta: int,
+    starts: list[int],
+    nested: list[Block],
+) -> list[Block]:
+    """``blocks`` after ``block``'s entries in old[a:e] were replaced by a piece
+    ``delta`` bytes longer, whose entries begin at ``starts`` and hold ``nested``."""
+    out = []
+    for b in blocks:
+        if b is block:
+            kept = [x for x in b.starts if x < a] + [a + x for x in starts]
+            kept += [x + delta for x in b.starts if x >= e]
+            if kept:
+                out.append(Block(b.head, b.shape, tuple(kept), b.end + delta))
+        elif b.end <= a:
+            out.append(b)  # before the piece
+        elif b.starts[0] >= e:  # after it
+            out.append(Block(b.head, b.shape, tuple(x + delta for x in b.starts), b.end + delta))
+        elif b.starts[0] < a:  # around it
+            moved = tuple(x + delta if x >= e else x for x in b.starts)
+            out.append(Block(b.head, b.shape, moved, b.end + delta))
+        # else: inside the piece, replaced by ``nested``
+    out += [Block(b.head, b.shape, tuple(a + x for x in b.starts), a + b.end) for b in nested]
+    return out
+
+
+def _outlined(lang: str, fmt: _Outliner) -> Parser:
+    def parse(
+        data: bytes, path: bytes | None = None, previous: bytes | None = None
+    ) -> Error | None:
+        key = (lang, path or b"")
+        if path is not None and previous is not None:
+            blocks = _kept.get(key, previous)
+            if blocks is not None:
+                blocks = _reparse(fmt, previous, blocks, data)
+                if blocks is not None:
+                    _kept.put(key, data, blocks)
+                    return None
+        err, blocks = fmt.outline(data)
+        if err is None and path is not None and blocks:
+            _kept.put(key, data, blocks)
+        return err
+
+    return parse
+
+
+def _odd_line_breaks(data: bytes) -> bool:
+    """Line breaks other than \\n and \\r\\n, which parsers count as lines where a count of
+    \\n would not: then no outline is kept."""
+    if b"\r" in data and data.count(b"\r") != data.count(b"\r\n"):
+        return True
+    return b"\xc2\x85" in data or b"\xe2\x80\xa8" in data or b"\xe2\x80\xa9" in data
+
+
+def _at_line_start(data: bytes, lines: Sequence[int], line: int, col: int) -> int | None:
+    """The offset of 0-based ``line`` if only blanks come before ``col`` on it and the line
+    before does not continue into it (a trailing backslash); else None."""
+    if line >= len(lines):
+        return None
+    at = lines[line]
+    if data[at : at + col].strip(b" \t\f") or (at >= 2 and data[at - 2 : at] == b"\\\n"):
+        return None
+    return at
+
+
+# ---- Python ----
+
+
+def _python(data: bytes) -> tuple[Error | None, ast.Module | None]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. invalid escape sequences: not errors
+            return None, ast.parse(data)
+    except SyntaxError as exc:
+        return (exc.lineno or 0, exc.msg), None
+    except ValueError as exc:  # null bytes
+        return (0, str(exc)), None
+
+
+_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.M)
+_CLAUSE = re.compile(rb"(?:elif|else|except|finally|case)\b")
+
+
+_INDENT = re.compile(rb"[ \t\f]*")
+
+
+class _PythonOutline:
+    """Blocks are statement lists (module, bodies of class, def, if, for, while, with,
+    try and their clauses); their shape is their indent. Their head is ``if 1:`` at each
+    enclosing statement's indent: the parser does not care which compound statement a
+    body belongs to."""
+
+    def outline(self, data: bytes) -> tuple[Error | None, list[Block] | None]:
+        err, tree = _python(data)
+        if tree is None:
+            return err, None
+        cookie = _CODING.search(b"\n".join(data.split(b"\n", 2)[:2]))
+        if (
+            _odd_line_breaks(data)
+            or (cookie and cookie.group(1).lower().replace(b"_", b"-") not in (b"utf-8", b"utf8"))
+            or b"barry_as_FLUFL" in data  # a __future__ import that changes the grammar
+        ):
+            return None, None
+        blocks: list[Block] = []
+        starts = self._walk(data, _line_starts(data), tree.body, b"", blocks)
+        if starts:
+            blocks.append(Block(b"", b"", tuple(starts), len(data)))
+        return None, blocks
+
+    def piece(self, block: Block, text: bytes) -> tuple[list[int], list[Block]] | None:
+        src = block.head + text
+        _, tree = _python(src)
+        if tree is None:
+            return None
+        body: list[ast.stmt] = tree.body
+        for _ in range(block.head.count(b"\n")):  # the region must stay in the head's blocks
+            if len(body) != 1 or not isinstance(body[0], ast.If) or body[0].orelse:
+                return None
+            body = body[0].body
+        lines = _line_starts(src)
+        if body and self._indent(src, lines, body[0]) != block.shape:
+            return None  # indented unlike the entries around it
+        nested: list[Block] = []
+        skip = len(block.head)
+        starts = self._walk(src, lines, body, block.head, nested)
+        return [x - skip for x in starts], [
+            Block(b.head, b.shape, tuple(x - skip for x in b.starts), b.end - skip) for b in nested
+        ]
+
+    @staticmethod
+    def _first_line(stmt: ast.stmt) -> int:
+        return min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])])
+
+    def _indent(self, data: bytes, lines: list[int], stmt: ast.stmt) -> bytes:
+        at = lines[self._first_line(stmt) - 1]
+        return data[at : _INDENT.match(data, at).end()]  # type: ignore[union-attr]
+
+    def _walk(
+        self, data: bytes, lines: list[int], body: list[ast.stmt], head: bytes, out: list[Block]
+    ) -> list[int]:
+        """The offsets of the statements of ``body`` that begin a line, adding the blocks
+        nested in them to ``out``."""
+        starts = []
+        for stmt in body:
+            first = self._first_line(stmt)
+            at = lines[first - 1]
+            indent = _INDENT.match(data, at).end() - at  # type: ignore[union-attr]
+            begins = (
+                data[at + indent : at + indent + 1] == b"@"
+                if first != stmt.lineno
+                else stmt.col_offset == indent and not _CLAUSE.match(data, at + indent)
+            )
+            if begins and _at_line_start(data, lines, first - 1, indent) is not None:
+                starts.append(at)
+            own = lines[stmt.lineno - 1]
+            inner = head + data[own : _INDENT.match(data, own).end()] + b"if 1:\n"  # type: ignore[union-attr]
+            for sub in self._bodies(stmt):
+                subs = self._walk(data, lines, sub, inner, out)
+                end_line = sub[-1].end_lineno or sub[-1].lineno
+                end = lines[end_line] if end_line < len(lines) else len(data)
+                if subs and end - subs[0] >= _MIN_BLOCK:
+                    out.append(Block(inner, self._indent(data, lines, sub[0]), tuple(subs), end))
+        return starts
+
+    @staticmethod
+    def _bodies(stmt: ast.stmt) -> Iterator[list[ast.stmt]]:
+        if isinstance(stmt, ast.Match):
+            return  # case bodies sit two levels in; the match is reparsed whole
+        for name in ("body", "orelse", "finalbody"):
+            sub = getattr(stmt, name, None)
+            if isinstance(sub, list) and sub and isinstance(sub[0], ast.stmt):
+                yield sub
+        for handler in getattr(stmt, "handlers", []):
+            yield handler.body
+
+
+# ---- YAML ----
+
+# libyaml's parser when the wheel has it (about ten times faster), else PyYAML's own.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_OPEN = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_CLOSE = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+_NODE = (yaml.ScalarEvent, yaml.AliasEvent, *_OPEN)
+
+
+def _yaml_events(data: bytes) -> tuple[Error | None, list[Any] | None]:
+    try:
+        return None, list(yaml.parse(data, Loader=_YAML_LOADER))  # syntax only, no objects
+    except yaml.YAMLError as exc:
+        return _yaml_error(exc), None
+
+
+def _yaml_error(exc: yaml.YAMLError) -> Error:
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        return exc.problem_mark.line + 1, str(exc.problem or exc)
+    return 0, str(exc)
+
+
+def _column(event: Any) -> int:
+    return int(event.start_mark.column)
+
+
+@dataclass
+class _Open:
+    """A block collection being walked."""
+
+    kind: str  # "map" or "seq"
+    column: int
+    head: bytes | None  # None: not reached through entries that begin lines
+    starts: list[int]
+    children: int = 0
+    begins: bool = False  # whether the current entry begins a line
+
+
+class _YamlOutline:
+    """Blocks are block mappings and sequences whose keys (or dashes) begin lines; their
+    shape is (kind, column). Their head is ``a:`` or ``-`` at each enclosing column."""
+
+    def outline(self, data: bytes) -> tuple[Error | None, list[Block] | None]:
+        # Events are walked as they come: a list of them all costs more in garbage
+        # collection than the parse itself.
+        odd = _odd_line_breaks(data) or data.startswith((b"\xff\xfe", b"\xfe\xff"))
+        blocks: list[Block] | None = [] if not odd else None
+        docs = 0
+        walked = False
+        try:
+            events = yaml.parse(data, Loader=_YAML_LOADER)  # syntax only, no objects
+            for e in events:
+                if type(e) is yaml.DocumentStartEvent:
+                    docs += 1
+                elif blocks is not None and isinstance(e, _OPEN) and not walked:
+                    walked = True  # the first document's root collection
+                    shape = (self._kind(e), _column(e))
+                    nested: list[Block] = []
+                    starts = self._walk(data, _line_starts(data), e, events, b"", nested)
+                    if not e.flow_style and starts:
+                        blocks = [*nested, Block(b"", shape, tuple(starts), len(data))]
+        except yaml.YAMLError as exc:
+            return _yaml_error(exc), None
+        return None, (blocks if docs == 1 else None)
+
+    def piece(self, block: Block, text: bytes) -> tuple[list[int], list[Block]] | None:
+        src = block.head + text
+        _, events = _yaml_events(src)
+        if events is None:
+            return None
+        docs = [
+            e for e in events if isinstance(e, (yaml.DocumentStartEvent, yaml.DocumentEndEvent))
+        ]
+        if not docs:
+            return [], []  # only comments: the region's entries were removed
+        if len(docs) != 2 or any(e.explicit for e in docs):
+            return None
+        nodes = [e for e in events if isinstance(e, (*_NODE, *_CLOSE))]
+        for line in block.head.splitlines():  # each head line: a collection of one entry
+            if not nodes or self._kind(nodes[0]) != ("map" if line.endswith(b":") else "seq"):
+                return None
+            nodes = nodes[2:-1] if line.endswith(b":") else nodes[1:-1]
+            if not nodes or self._span(nodes) != len(nodes):
+                return None  # the region left its block
+        first = nodes[0]
+        if isinstance(first, yaml.ScalarEvent) and len(nodes) == 1:
+            # an empty value: every entry of the region was removed
+            return ([], []) if (first.value, first.anchor, first.tag) == ("", None, None) else None
+        if (
+            not isinstance(first, _OPEN)
+            or first.flow_style
+            or (self._kind(first), _column(first)) != block.shape
+        ):
+            return None
+        nested: list[Block] = []
+        skip = len(block.head)
+        rest = iter(nodes[1:])
+        starts = self._walk(src, _line_starts(src), first, rest, block.head, nested)
+        return [x - skip for x in starts], [
+            Block(b.head, b.shape, tuple(x - skip for x in b.starts), b.end - skip) for b in nested
+        ]
+
+    @staticmethod
+    def _kind(event: Any) -> str:
+        return {yaml.MappingStartEvent: "map", yaml.SequenceStartEvent: "seq"}.get(type(event), "")
+
+    @staticmethod
+    def _span(nodes: list[Any]) -> int:
+        """How many events the first node of ``nodes`` takes, with its children."""
+        depth = 0
+        for i, e in enumerate(nodes):
+            depth += isinstance(e, _OPEN) - isinstance(e, _CLOSE)
+            if depth == 0:
+                return i + 1
+        return len(nodes)
+
+    def _walk(
+        self,
+        data: bytes,
+        lines: list[int],
+        root: Any,
+        events: Iterator[Any],
+        head: bytes,
+        out: list[Block],
+    ) -> list[int]:
+        """The entries that begin lines of the collection ``root`` opens, reading its
+        events from ``events``; adds the block collections nested in it (reached through
+        such entries) to ``out``."""
+        stack = [_Open(self._kind(root), _column(root), None if root.flow_style else head, [])]
+        for e in events:
+            kind = type(e)
+            if kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
+                done = stack.pop()
+                if not stack:
+                    return done.starts
+                if done.head is not None and done.starts:
+                    end = self._end(data, lines, e.start_mark)
+                    if end is not None and end - done.starts[0] >= _MIN_BLOCK:
+                        out.append(
+                            Block(done.head, (done.kind, done.column), tuple(done.starts), end)
+                        )
+                continue
+            if (
+                kind is not yaml.ScalarEvent
+                and kind is not yaml.AliasEvent
+                and not isinstance(e, _OPEN)
+            ):
+                continue
+            parent = stack[-1]
+            if parent.kind == "seq" or not parent.children & 1:  # a new entry
+                parent.begins = False
+                mark = e.start_mark
+                col = parent.column
+                if mark.column == col if parent.kind == "map" else mark.column > col:
+                    at = _at_line_start(data, lines, mark.line, col)
+                    if at is not None and (
+                        parent.kind == "map" or data[at + col : at + col + 1] == b"-"
+                    ):
+                        parent.begins = True
+                        parent.starts.append(at)
+            parent.children += 1
+            if isinstance(e, _OPEN):
+                link = None
+                if parent.head is not None and parent.begins and not e.flow_style:
+                    step = b"a:\n" if parent.kind == "map" else b"-\n"
+                    link = parent.head + b" " * parent.column + step
+                stack.append(_Open(self._kind(e), _column(e), link, []))
+        return []
+
+    @staticmethod
+    def _end(data: bytes, lines: list[int], mark: Any) -> int | None:
+        """Where a block collection ends: the start of the line of the token after it (only
+        blanks before it on that line), or the end of the file."""
+        if mark.line >= len(lines):
+            return len(data)
+        at = lines[mark.line]
+        return None if data[at : at + mark.column].strip(b" ") else at
+
+
+# ---- tree-sitter: JavaScript, TypeScript, Java, Go, Rust, C, C++, Ruby, Bash ----
+
+# Each grammar from its own wheel: format -> (module, function).
+_GRAMMARS = {
+    "javascript": ("tree_sitter_javascript", "language"),
+    "typescript": ("tree_sitter_typescript", "language_typescript"),
+    "tsx": ("tree_sitter_typescript", "language_tsx"),
+    "java": ("tree_sitter_java", "language"),
+    "go": ("tree_sitter_go", "language"),
+    "rust": ("tree_sitter_rust", "language"),
+    "c": ("tree_sitter_c", "language"),
+    "cpp": ("tree_sitter_cpp", "language"),
+    "ruby": ("tree_sitter_ruby", "language"),
+    "bash": ("tree_sitter_bash", "language"),
+}
+_parsers = threading.local()  # a tree-sitter Parser is not safe to share between threads
+
+
+def _ts_parser(lang: str) -> Any:
+    cache = _parsers.__dict__
+    parser = cache.get(lang)
+    if parser is None:
+        import tree_sitter
+
+        module, func = _GRAMMARS[lang]
+        grammar = getattr(importlib.import_module(module), func)()
+        parser = cache[lang] = tree_sitter.Parser(tree_sitter.Language(grammar))
+    return parser
+
+
+def _ts_error(root: Any) -> Error | None:
+    if not root.has_error:
+        return None
+    node = _first_error(root)
+    if node is None:
+        return 0, "syntax error"
+    return node.start_point[0] + 1, (
+        f"missing {node.type!r}" if node.is_missing else "syntax error"
+    )
+
+
+def _first_error(node: Any) -> Any:
+    """The first ERROR or MISSING node, depth first (where a parser gave up)."""
+    if node.is_error or node.is_missing:
+        return node
+    for child in node.children:
+        if child.has_error or child.is_missing:
+            found = _first_error(child)
+            if found is not None:
+                return found
+    return None
+
+
+def _tree_sitter(lang: str) -> Parser:
+    """Parse from the path's last tree, told which bytes changed: tree-sitter then
+    reparses only around them (about a millisecond instead of ten at 100 KB)."""
+
+    def parse(
+        data: bytes, path: bytes | None = None, previous: bytes | None = None
+    ) -> Error | None:
+        parser = _ts_parser(lang)
+        key = (lang, path or b"")
+        old_tree = None
+        if path is not None and previous is not None:
+            kept = _kept.get(key, previous)
+            if kept is not None:
+                old_tree = kept.copy()  # trees are shared between threads: edit a copy
+                _edit(old_tree, previous, data)
+        tree = parser.parse(data, old_tree) if old_tree is not None else parser.parse(data)
+        if path is not None:
+            _kept.put(key, data, tree)
+        return _ts_error(tree.root_node)
+
+    return parse
+
+
+def _edit(tree: Any, old: bytes, new: bytes) -> None:
+    """Tell a tree of ``old`` which bytes became ``new``."""
+    start, old_end = _changed(old, new)
+    new_end = old_end + len(new) - len(old)
+    tree.edit(
+        start_byte=start,
+        old_end_byte=old_end,
+        new_end_byte=new_end,
+        start_point=_point(old, start),
+        old_end_point=_point(old, old_end),
+        new_end_point=_point(new, new_end),
+    )
+
+
+def _point(data: bytes, offset: int) -> tuple[int, int]:
+    """(row, column) of a byte offset, as tree-sitter counts them (bytes)."""
+    row = data.count(b"\n", 0, offset)
+    return row, offset - (data.rfind(b"\n", 0, offset) + 1)
+
+
+class _BashOutline:
+    """tree-sitter-bash reuses little of an old tree (its scanner keeps state), so Bash is
+    outlined instead: one block, the script's top-level commands that begin lines."""
+
+    def outline(self, data: bytes) -> tuple[Error | None, list[Block] | None]:
+        root = _ts_parser("bash").parse(data).root_node
+        err = _ts_error(root)
+        if err is not None:
+            return err, None
+        if _odd_line_breaks(data):
+            return None, None
+        starts = self._starts(data, root)
+        return None, [Block(b"", None, tuple(starts), len(data))] if starts else []
+
+    def piece(self, block: Block, text: bytes) -> tuple[list[int], list[Block]] | None:
+        root = _ts_parser("bash").parse(text).root_node
+        if root.has_error:  # an unended here-document is one too (MISSING heredoc_end)
+            return None
+        return self._starts(text, root), []
+
+    @staticmethod
+    def _starts(data: bytes, root: Any) -> list[int]:
+        lines = _line_starts(data)
+        out = []
+        for node in root.children:
+            row, col = node.start_point
+            at = _at_line_start(data, lines, row, col)
+            if at is not None:
+                out.append(at)
+        return out
+
+
+# ---- JSON, TOML ----
+
+
+def _json(data: bytes) -> Error | None:
+    try:
+        json.loads(data)
+    except UnicodeDecodeError as exc:
+        return 0, str(exc)
+    except json.JSONDecodeError as exc:
+        return exc.lineno, exc.msg
+    return None
+
+
+def _toml(data: bytes) -> Error | None:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return 0, str(exc)
+    try:
+        import rtoml
+
+        rtoml.loads(text)
+        return None
+    except Exception:  # rtoml refused (or is missing): tomllib decides, and says where
+        pass
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        return (int(m.group(1)) if m else 0), str(exc).split(" (at ")[0]
+    return None
+
+
+# ---- formats ----
+
+PARSERS: dict[str, Parser] = {
+    **{lang: _tree_sitter(lang) for lang in _GRAMMARS if lang != "bash"},
+    "bash": _outlined("bash", _BashOutline()),
+    "python": _outlined("python", _PythonOutline()),
+    "yaml": _outlined("yaml", _YamlOutline()),
+    "json": lambda data, path=None, previous=None: _json(data),
+    "toml": lambda data, path=None, previous=None: _toml(data),
+}
+_SUFFIXES = {
+    ".py": "python",
+    ".pyi": "python",
+    ".json": "json",
+    ".toml": "toml",
+    ".yaml": "yaml",
+    ".yml": "yaml",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".jsx": "javascript",
+    ".ts": "typescript",
+    ".mts": "typescript",
+    ".cts": "typescript",
+    ".tsx": "tsx",
+    ".java": "java",
+    ".go": "go",
+    ".rs": "rust",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+    ".hh": "cpp",
+    ".hpp": "cpp",
+    ".hxx": "cpp",
+    ".rb": "ruby",
+    ".sh": "bash",
+    ".bash": "bash",
+}
+
+
+def language(path: bytes) -> str | None:
+    """The format of a file, from its name (None: not a format rwfs can parse)."""
+    name = path.rsplit(b"/", 1)[-1].decode("utf-8", "replace").lower()
+    dot = name.rfind(".")
+    return _SUFFIXES.get(name[dot:]) if dot > 0 else None
+
+
+def parse_errors(
+    path: bytes, data: bytes, previous: bytes | None = None
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """(format, errors) of a file's bytes: errors is empty when it parses. ``previous``:
+    the bytes this version replaces, whose parse (if kept) makes this one quick."""
+    lang = language(path)
+    if lang is None:
+        return None, []
+    err = PARSERS[lang](data, path, previous)
+    return lang, ([] if err is None else [{"line": err[0], "message": err[1]}])
