@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -409,3 +410,33 @@ def test_refusal_errno_must_name_an_errno(mount: Mount) -> None:
         )
     assert err.value.errno == errno.EINVAL
     assert 'refusal_errno = "EBADMSG"' in pol.read_text()
+
+
+def test_a_file_read_is_parsed_ahead_of_its_edit(mount: Mount, real: Path) -> None:
+    """Once the mount is idle, the file last opened to read is parsed the way its next
+    commit will parse it; that commit then keeps its own parse, so reading the new version
+    parses nothing more. The gate still refuses a regression afterwards."""
+
+    def primed() -> int:
+        stats = json.loads((mount.path / ".rw" / "stats").read_text())
+        return int(stats["counts"].get("gates.primed", 0))
+
+    def settled() -> int:
+        deadline = time.monotonic() + 10
+        while primed() < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # idle long enough for any prime still to come
+        return primed()
+
+    assert primed() == 0  # a new file has nothing to check against: nothing parsed
+    assert real.read_text() == REAL
+    assert settled() == 1
+    real.read_text()  # the same bytes: kept already
+    assert settled() == 1
+    edited = REAL.replace("def py_scanstring(", "def py_scanstring_renamed(", 1)
+    assert write(real, edited) is None
+    assert real.read_text() == edited
+    assert settled() == 1  # the commit kept the new version's parse
+    err = write(real, edited.replace("def JSONObject(", "def JSONObject((", 1))
+    assert err is not None and err.errno == errno.EBADMSG
+    assert real.read_text() == edited

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from . import faults
+from . import faults, parsers
 from .batches import Batches
 from .control import CDir, CFile, Control
 from .inodes import ROOT, Inode, InodeTable
@@ -31,6 +31,9 @@ from .workspace import Commit, RwfsError, Workspace, fsdecode, rel, renameat2
 log = logging.getLogger("rwfs.fs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
+# How long the mount must go without a request before it parses the file last read.
+PRIME_AFTER_IDLE = 0.05
+
 
 def _guard(quiet: bool = False) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
@@ -38,7 +41,7 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         async def handler(self: Operations, *args: Any) -> Any:
-            started = time.perf_counter()
+            started = self._last_request = time.perf_counter()
             try:
                 return await fn(self, *args)
             except pyfuse3.FUSEError:
@@ -152,8 +155,32 @@ class Operations(pyfuse3.Operations):
         self._hidden: set[bytes] = set()  # paths an open batch deletes: gone from the view
         self._dropping = 0  # kernel-cache invalidations in flight (_soon)
         self._dropped = trio.Event()
+        # The file last opened to read, parsed ahead of its edit once the mount is idle
+        # (run_primer); and when the last request started.
+        self._to_prime: int | None = None
+        self._read_one = trio.Event()
+        self._last_request = time.perf_counter()
         ws.on_committed = self._committed
         ws.on_gone = self._gone
+
+    async def run_primer(self) -> None:
+        """Parse the file last opened to read once no request has come for a while: an
+        agent or an editor reads a file before it writes it, and then that commit's syntax
+        gate parses only around the edit (parsers.prime). A busy mount (grep -r, a build)
+        never goes idle, so it never pays for this."""
+        while True:
+            await self._read_one.wait()
+            self._read_one = trio.Event()
+            for _ in range(20):  # a commit of the file still queued: its bytes will change
+                while (quiet := time.perf_counter() - self._last_request) < PRIME_AFTER_IDLE:
+                    await trio.sleep(PRIME_AFTER_IDLE - quiet)
+                i = self.inodes.get(self._to_prime or 0)
+                if i is None or i.virtual or i.unlinked or not i.paths:
+                    break
+                if i.stage is None and i.pending is None:
+                    await trio.to_thread.run_sync(self.ws.prime, i.path)
+                    break
+                await trio.sleep(PRIME_AFTER_IDLE)
 
     # ---- helpers ----
 
@@ -1079,6 +1106,9 @@ class Operations(pyfuse3.Operations):
             if len(self._reads) > 100_000:
                 self._reads.clear()
             self._reads[(who["pid"], i.ino)] = i.version
+            if not writable and parsers.language(i.path) is not None:
+                self._to_prime = i.ino
+                self._read_one.set()
         fh = self._fh(Handle(i, writable, info=who if writable else {}))
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 

@@ -151,15 +151,16 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
         os.close(ready_fd)
         _quiet_stdio(state_fd)
     try:
-        trio.run(_main, ws)
+        trio.run(_main, ws, ops)
     finally:
         pyfuse3.close(unmount=True)
         store.close()
 
 
-async def _main(ws: Workspace) -> None:
+async def _main(ws: Workspace, ops: Operations) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ws.run_committer)
+        nursery.start_soon(ops.run_primer)
         nursery.start_soon(_on_signals)
         await pyfuse3.main()
         # Unmounted: finish every queued commit before the process ends.

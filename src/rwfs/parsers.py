@@ -39,9 +39,11 @@ import yaml
 Error = tuple[int, str]  # (line, message) of the first syntax error
 Parser = Callable[..., Error | None]  # (data, path=None, previous=None)
 
-# Per-path state is kept for files up to this size, for at most this many paths.
-_KEEP_BYTES = 1 << 20
+# Per-path state is kept for files up to _KEEP_BYTES, for at most _KEEP_PATHS paths
+# and _KEEP_TOTAL bytes of them (a tree or outline costs a few times its file).
+_KEEP_BYTES = 2 << 20
 _KEEP_PATHS = 128
+_KEEP_TOTAL = 32 << 20
 
 
 class _Kept:
@@ -50,6 +52,7 @@ class _Kept:
 
     def __init__(self) -> None:
         self._items: dict[tuple[str, bytes], tuple[bytes, Any]] = {}
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: tuple[str, bytes], data: bytes) -> Any:
@@ -61,10 +64,12 @@ class _Kept:
         if len(data) > _KEEP_BYTES:
             return
         with self._lock:
-            self._items.pop(key, None)
+            old = self._items.pop(key, None)
+            self._bytes += len(data) - (len(old[0]) if old else 0)
             self._items[key] = (data, state)
-            if len(self._items) > _KEEP_PATHS:
-                del self._items[next(iter(self._items))]  # the least recently parsed
+            while len(self._items) > _KEEP_PATHS or self._bytes > _KEEP_TOTAL:
+                first = next(iter(self._items))  # the least recently parsed
+                self._bytes -= len(self._items.pop(first)[0])
 
 
 _kept = _Kept()
@@ -731,3 +736,15 @@ def parse_errors(
         return None, []
     err = PARSERS[lang](data, path, previous)
     return lang, ([] if err is None else [{"line": err[0], "message": err[1]}])
+
+
+def prime(path: bytes, data: bytes) -> bool:
+    """Parse a file ahead of its next commit, keeping what the parse leaves (unless it is
+    kept already), so that the commit parses only around its edit. True when it parsed."""
+    lang = language(path)
+    if lang is None or lang in ("json", "toml") or len(data) > _KEEP_BYTES:
+        return False  # JSON and TOML keep nothing: they are fast in full
+    if _kept.get((lang, path), data) is not None:
+        return False
+    PARSERS[lang](data, path)
+    return True

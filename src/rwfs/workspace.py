@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from . import faults, gates
+from . import faults, gates, parsers
 from .intents import IntentLog
 from .objects import ObjectStore, copy_fd, digest_fd
 from .policy import Policy
@@ -324,6 +324,23 @@ class Workspace:
         for f in findings:
             self.stats.count(f"gate.{f.gate}.{'refused' if f.action == 'reject' else 'warned'}")
         return findings
+
+    def prime(self, path: bytes) -> None:
+        """In a worker thread: parse a file the way its next commit will (see
+        ``parsers.prime``), so that commit's syntax gate parses only around the edit."""
+        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # FIFOs: no wait
+        try:
+            fd = os.open(rel(path), how, dir_fd=self.root_fd)
+        except OSError:
+            return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            data = os.pread(fd, gates.MAX_GATED_BYTES + 1, 0)
+        finally:
+            os.close(fd)
+        if parsers.prime(path, data):
+            self.stats.count("gates.primed")
 
     async def refuse(
         self,
