@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from . import kernelflags  # noqa: F401  (before pyfuse3 is imported: see kernelflags)
 from .mount import QuietError, open_state, rwfs_mounts, serve, spawn, umount
 
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from . import faults, parsers
+from . import faults, kernelflags, parsers
 from .batches import Batches
 from .control import CDir, CFile, Control
 from .inodes import ROOT, Inode, InodeTable
@@ -117,9 +117,22 @@ class ControlHandle:
 @dataclass(eq=False)
 class DirHandle:
     inode: Inode | None
-    entries: list[bytes]
+    entries: list[bytes] | None  # None: listed at the first readdir (often none comes)
     fd: int = -1
     node: CDir | None = None  # a control directory (then inode is None)
+
+
+class Handles(dict[int, "Handle | ControlHandle | DirHandle"]):
+    """Open handles by number; a number may carry kernelflags' marks."""
+
+    def __getitem__(self, fh: int) -> Handle | ControlHandle | DirHandle:
+        return super().__getitem__(kernelflags.handle(fh))
+
+    def get(self, fh: int, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(kernelflags.handle(fh), default)
+
+    def pop(self, fh: int, *default: Any) -> Any:  # type: ignore[override]
+        return super().pop(kernelflags.handle(fh), *default)
 
 
 class Operations(pyfuse3.Operations):
@@ -142,9 +155,10 @@ class Operations(pyfuse3.Operations):
         self.control = Control(ws, batches, info, self.inodes.allocate)
         self.control.live["inodes"] = lambda: len(self.inodes.by_ino)
         self.control.live["open_handles"] = lambda: len(self.handles)
+        self.control.live["kernel_cache_flags"] = kernelflags.flagged
         self.show_control = show_control
         self.timeout = timeout
-        self.handles: dict[int, Handle | ControlHandle | DirHandle] = {}
+        self.handles = Handles()
         self._next_fh = 1
         self._procs: dict[int, tuple[int, str]] = {}
         # (process, inode) -> the inode's version when that process last opened it to read.
@@ -371,6 +385,8 @@ class Operations(pyfuse3.Operations):
                 self._drop_entry(c.path)
             return
         if inode is None:  # rwfs itself wrote the path (a resumed batch, a conflict's verb)
+            if c.outcome == "committed":
+                self._tree_changed(c.path)
             inode = self.inodes.by_path.get(c.path)
             if inode is not None and c.outcome == "committed":
                 self._new_version(inode, c.stage.expected, str(c.intended), {})
@@ -421,11 +437,19 @@ class Operations(pyfuse3.Operations):
 
     def _drop_entry(self, path: bytes) -> None:
         """Make the kernel look ``path`` up again (its cached entry, or its absence, is
-        stale)."""
+        stale) and list its directory again."""
         parent, _, name = path.rpartition(b"/")
         inode = self.inodes.by_path.get(parent)
         if inode is not None:
             self._soon(_drop_kernel_entry, inode.ino, name)
+            self._soon(_drop_kernel_cache, inode.ino)  # its listing (CACHE_DIR)
+
+    def _tree_changed(self, path: bytes) -> None:
+        """rwfs itself wrote ``path``, and may have made the directories above it: drop
+        what the kernel knows of each level."""
+        while path:
+            self._drop_entry(path)
+            path = path.rpartition(b"/")[0]
 
     def _release_fd(self, inode: Inode) -> None:
         if inode.handles == 0 and inode.stage is None and inode.pending is None:
@@ -1110,7 +1134,8 @@ class Operations(pyfuse3.Operations):
                 self._to_prime = i.ino
                 self._read_one.set()
         fh = self._fh(Handle(i, writable, info=who if writable else {}))
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+        # A read-only handle commits nothing: its close needs no FLUSH.
+        return pyfuse3.FileInfo(fh=fh | (0 if writable else kernelflags.NOFLUSH), keep_cache=True)
 
     @_guard()
     async def create(
@@ -1261,12 +1286,15 @@ class Operations(pyfuse3.Operations):
             os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
             dir_fd=self.ws.root_fd,
         )
-        try:
-            names = sorted(os.fsencode(n) for n in os.listdir(fd))
-        except BaseException:
-            os.close(fd)
-            raise
-        if inode == ROOT:
+        # The kernel keeps the listing (CACHE_DIR) until the directory changes: through the
+        # mount, or by rwfs itself (_tree_changed).
+        return self._fh(DirHandle(i, None, fd)) | kernelflags.CACHE_DIR
+
+    def _list(self, i: Inode, fd: int) -> list[bytes]:
+        """The names a directory shows: the tree's, with an open batch's new files and
+        without its deletions; ``.rw`` only under ``-o show_control``."""
+        names = sorted(os.fsencode(n) for n in os.listdir(fd))
+        if i.ino == ROOT:
             names = [n for n in names if n != b".rw"]
             if self.show_control:
                 names = sorted([*names, b".rw"])
@@ -1281,12 +1309,15 @@ class Operations(pyfuse3.Operations):
                 if p.startswith(prefix) and b"/" not in p[len(prefix) :]
             }
             names = sorted(set(names) | extra)
-        return self._fh(DirHandle(i, names, fd))
+        return names
 
     @_guard()
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         h = self.handles[fh]
         assert isinstance(h, DirHandle)
+        if h.entries is None:
+            assert h.inode is not None
+            h.entries = self._list(h.inode, h.fd)
         for idx in range(start_id, len(h.entries)):
             name = h.entries[idx]
             if h.node is not None:

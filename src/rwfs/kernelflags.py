@@ -1,0 +1,41 @@
+"""Open flags for the kernel's caches that pyfuse3 cannot set (see ``_fuseopen.c``).
+
+``rwfs.cli`` imports this module before anything imports pyfuse3. It loads the
+``_fuseopen`` extension with RTLD_GLOBAL, so that pyfuse3, loaded after it, calls its
+``fuse_reply_open``. rwfs then marks a handle number with ``CACHE_DIR`` (the kernel keeps
+the directory's listing) or ``NOFLUSH`` (no FLUSH when a read-only descriptor is closed).
+When the extension is missing or pyfuse3 was loaded first, both are 0: no marks, and the
+kernel caches less. ``handle()`` strips marks from a handle number, should one ever come
+back with them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_too_late = "pyfuse3" in sys.modules  # already bound to libfuse's fuse_reply_open
+try:
+    _flags = sys.getdlopenflags()
+    sys.setdlopenflags(os.RTLD_NOW | os.RTLD_GLOBAL)
+    try:
+        from . import _fuseopen  # type: ignore[attr-defined]
+    finally:
+        sys.setdlopenflags(_flags)
+except ImportError:  # not built
+    _fuseopen = None
+
+ACTIVE = _fuseopen is not None and not _too_late
+CACHE_DIR = 1 << 62 if ACTIVE else 0
+NOFLUSH = 1 << 61 if ACTIVE else 0
+_UNMARK = ~((1 << 62) | (1 << 61))
+
+
+def handle(fh: int) -> int:
+    """The handle number rwfs allocated, without marks."""
+    return fh & _UNMARK
+
+
+def flagged() -> int:
+    """How many open answers carried flags so far."""
+    return int(_fuseopen.flagged()) if ACTIVE else 0

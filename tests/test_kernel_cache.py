@@ -1,0 +1,112 @@
+"""The kernel keeps directory listings (FOPEN_CACHE_DIR, set through rwfs._fuseopen): every
+listing must still follow each change, whether it came through the mount or rwfs made it
+itself (a batch's abort, a restore, an undo) or, beside a separate mount point, someone
+changed the workspace directly. Each check lists a directory first, so that the kernel
+holds it, then changes it and lists it again."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from conftest import Mount, check_clean
+
+
+def ls(path: Path) -> list[str]:
+    return sorted(os.listdir(path))
+
+
+def ctl(m: Mount, verb: str) -> None:
+    (m.path / ".rw" / "ctl").write_text(verb + "\n")
+
+
+def test_listings_follow_what_rwfs_changes_itself(mount: Mount) -> None:
+    d = mount.path / "d"
+    d.mkdir()
+    (d / "a.txt").write_text("a\n")
+    assert ls(d) == ["a.txt"] and "d" in ls(mount.path)
+    status = json.loads((mount.path / ".rw" / "status").read_text())
+    assert status["kernel_cache_flags"] > 0, "the kernel is not keeping listings"
+
+    # A batch: its new file shows at once, its deletion hides the file; abort undoes both
+    # behind the kernel's back.
+    (mount.path / ".rw" / "batches" / "b").mkdir()
+    (d / "new.txt").write_text("draft\n")
+    (d / "a.txt").unlink()
+    assert ls(d) == ["new.txt"]
+    (mount.path / ".rw" / "batches" / "b" / "ctl").write_text("abort\n")
+    assert ls(d) == ["a.txt"]
+
+    # A restore after rm -rf makes the directory and its file again.
+    (mount.path / ".rw" / "snapshots" / "s").mkdir()
+    assert ls(mount.path) == ["d"]
+    shutil.rmtree(d)
+    assert ls(mount.path) == []
+    ctl(mount, "restore s")
+    assert ls(mount.path) == ["d"]
+    assert ls(d) == ["a.txt"] and (d / "a.txt").read_text() == "a\n"
+
+    # Undo of a batch that made a file deletes it: the listing loses it.
+    (mount.path / ".rw" / "batches" / "late").mkdir()
+    (d / "late.txt").write_text("late\n")
+    (mount.path / ".rw" / "batches" / "late" / "ctl").write_text("commit\n")
+    assert ls(d) == ["a.txt", "late.txt"]
+    ctl(mount, "undo late")
+    assert ls(d) == ["a.txt"]
+
+
+def test_undo_of_a_deletion_shows_the_file_again(mount: Mount) -> None:
+    """The kernel saw the file go (a negative entry, a listing without it); rwfs puts it
+    back: both must be dropped."""
+    f = mount.path / "f.txt"
+    f.write_text("keep me\n")
+    f.unlink()
+    assert ls(mount.path) == [] and not f.exists()
+    ctl(mount, "sync")
+    deleted = [
+        e["batch"]
+        for e in map(json.loads, (mount.path / ".rw" / "journal").read_text().splitlines())
+        if e["op"] == "unlink" and e["path"] == "f.txt"
+    ]
+    assert deleted, "the deletion was not journaled as a batch of one"
+    ctl(mount, f"undo {deleted[-1]}")
+    assert ls(mount.path) == ["f.txt"]
+    assert f.read_text() == "keep me\n"
+
+
+def test_a_listing_follows_a_change_made_beside_the_mount(tmp_path: Path) -> None:
+    """A separate mount point: the workspace can change under rwfs. The kernel asks again
+    once the directory's attributes time out (1 s) and its mtime moved."""
+    ws, mp = tmp_path / "ws", tmp_path / "mnt"
+    ws.mkdir()
+    mp.mkdir()
+    m = Mount(ws, mp).start()
+    try:
+        assert ls(mp) == []
+        (ws / "outside.txt").write_text("made directly\n")
+        deadline = time.monotonic() + 10
+        while ls(mp) != ["outside.txt"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ls(mp) == ["outside.txt"]
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_read_only_closes_send_no_flush(mount: Mount) -> None:
+    """noflush: reading a file through the mount opens and releases it, with no flush."""
+    (mount.path / "f.txt").write_text("x\n")
+
+    def flushes() -> int:
+        stats = json.loads((mount.path / ".rw" / "stats").read_text())
+        return int(stats["latency_ms"].get("op.flush", {}).get("n", 0))
+
+    before = flushes()
+    for _ in range(20):
+        assert (mount.path / "f.txt").read_text() == "x\n"
+    after = flushes()
+    # Reading .rw/stats is itself a flushed (control) file: allow for those two.
+    assert after - before <= 2, (before, after)
