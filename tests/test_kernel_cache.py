@@ -29,7 +29,7 @@ def test_listings_follow_what_rwfs_changes_itself(mount: Mount) -> None:
     (d / "a.txt").write_text("a\n")
     assert ls(d) == ["a.txt"] and "d" in ls(mount.path)
     status = json.loads((mount.path / ".rw" / "status").read_text())
-    assert status["kernel_cache_flags"] > 0, "the kernel is not keeping listings"
+    assert status["no_opendir"] is True, "the kernel is not keeping listings"
 
     # A batch: its new file shows at once, its deletion hides the file; abort undoes both
     # behind the kernel's back.

@@ -1,13 +1,20 @@
-/* Open flags that pyfuse3 cannot set, for the kernel's caches.
+/* Kernel caches that pyfuse3 cannot ask for.
  *
- * pyfuse3 (3.5) answers OPEN and OPENDIR with a fuse_file_info holding only fh,
- * direct_io, keep_cache and nonseekable. Loaded with RTLD_GLOBAL before pyfuse3 (see
- * kernelflags.py), this module's fuse_reply_open is the one pyfuse3 calls: when rwfs set
- * one of two high bits of a handle number, it clears them and sets
- *   - cache_readdir (with keep_cache): the kernel keeps the directory's listing in its
- *     page cache and answers readdir from it until the directory changes;
+ * Loaded with RTLD_GLOBAL before pyfuse3 (see kernelflags.py), this module's definitions
+ * of two libfuse functions are the ones pyfuse3 calls:
+ *
+ * fuse_reply_open: pyfuse3 (3.5) answers OPEN with a fuse_file_info holding only fh,
+ *   direct_io, keep_cache and nonseekable. When rwfs set one of two high bits of a handle
+ *   number, this clears them and sets
+ *   - cache_readdir (with keep_cache): the kernel keeps a directory's listing in its page
+ *     cache and answers readdir from it until the directory changes;
  *   - noflush: closing a read-only descriptor sends no FLUSH.
- * Anything else goes to libfuse's fuse_reply_open unchanged.
+ *
+ * fuse_session_new: wraps the readdir, readdirplus and fsyncdir handlers. Once rwfs
+ *   answers OPENDIR with ENOSYS, the kernel sends no more OPENDIR or RELEASEDIR (one round
+ *   trip less per directory opened) and caches every listing; its requests then carry
+ *   handle 0, which pyfuse3 would pass on as is: the wrappers put the directory's inode
+ *   number there instead, marked with the top bit.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -18,6 +25,7 @@
 #include <dlfcn.h>
 #include <stdint.h>
 
+#define DIR_INODE (1ULL << 63)
 #define CACHE_DIR (1ULL << 62)
 #define NOFLUSH (1ULL << 61)
 
@@ -42,6 +50,63 @@ int fuse_reply_open(fuse_req_t req, const struct fuse_file_info *fi)
     return libfuse_reply_open(req, fi);
 }
 
+typedef struct fuse_session *(*session_new_fn)(struct fuse_args *,
+                                               const struct fuse_lowlevel_ops *, size_t,
+                                               void *);
+static session_new_fn libfuse_session_new;
+static struct fuse_lowlevel_ops ops;
+static struct fuse_lowlevel_ops inner;
+static int wrapped;
+
+static void by_inode(fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    if (fi != NULL && fi->fh == 0)
+        fi->fh = DIR_INODE | ino;
+}
+
+static void readdir_w(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                      struct fuse_file_info *fi)
+{
+    by_inode(ino, fi);
+    inner.readdir(req, ino, size, off, fi);
+}
+
+static void readdirplus_w(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                          struct fuse_file_info *fi)
+{
+    by_inode(ino, fi);
+    inner.readdirplus(req, ino, size, off, fi);
+}
+
+static void fsyncdir_w(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+    by_inode(ino, fi);
+    inner.fsyncdir(req, ino, datasync, fi);
+}
+
+struct fuse_session *fuse_session_new(struct fuse_args *args,
+                                      const struct fuse_lowlevel_ops *op, size_t op_size,
+                                      void *userdata)
+{
+    if (op == NULL || op_size != sizeof(ops) || wrapped)
+        return libfuse_session_new(args, op, op_size, userdata);
+    inner = *op;
+    ops = *op;
+    if (ops.readdir != NULL)
+        ops.readdir = readdir_w;
+    if (ops.readdirplus != NULL)
+        ops.readdirplus = readdirplus_w;
+    if (ops.fsyncdir != NULL)
+        ops.fsyncdir = fsyncdir_w;
+    wrapped = 1;
+    return libfuse_session_new(args, &ops, op_size, userdata);
+}
+
+static PyObject *is_wrapped(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(wrapped);
+}
+
 static PyObject *count(PyObject *self, PyObject *unused)
 {
     return PyLong_FromUnsignedLongLong(flagged);
@@ -49,6 +114,7 @@ static PyObject *count(PyObject *self, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"flagged", count, METH_NOARGS, "How many answers this module has flagged."},
+    {"wrapped", is_wrapped, METH_NOARGS, "Whether the session's directory handlers are wrapped."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -60,10 +126,12 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__fuseopen(void)
 {
     void *lib = dlopen("libfuse3.so.3", RTLD_NOW);
-    if (lib != NULL)
+    if (lib != NULL) {
         libfuse_reply_open = (reply_open_fn)dlsym(lib, "fuse_reply_open");
-    if (libfuse_reply_open == NULL) {
-        PyErr_SetString(PyExc_ImportError, "libfuse3's fuse_reply_open was not found");
+        libfuse_session_new = (session_new_fn)dlsym(lib, "fuse_session_new");
+    }
+    if (libfuse_reply_open == NULL || libfuse_session_new == NULL) {
+        PyErr_SetString(PyExc_ImportError, "libfuse3's functions were not found");
         return NULL;
     }
     return PyModule_Create(&module);

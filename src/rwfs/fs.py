@@ -156,6 +156,8 @@ class Operations(pyfuse3.Operations):
         self.control.live["inodes"] = lambda: len(self.inodes.by_ino)
         self.control.live["open_handles"] = lambda: len(self.handles)
         self.control.live["kernel_cache_flags"] = kernelflags.flagged
+        self._no_opendir = False
+        self.control.live["no_opendir"] = lambda: self._no_opendir
         self.show_control = show_control
         self.timeout = timeout
         self.handles = Handles()
@@ -172,6 +174,7 @@ class Operations(pyfuse3.Operations):
         # The file last opened to read, parsed ahead of its edit once the mount is idle
         # (run_primer); and when the last request started.
         self._to_prime: int | None = None
+        self._listings: dict[int, DirHandle] = {}  # by inode, when the kernel sends no OPENDIR
         self._read_one = trio.Event()
         self._last_request = time.perf_counter()
         ws.on_committed = self._committed
@@ -248,6 +251,9 @@ class Operations(pyfuse3.Operations):
         a.st_gid = os.getgid()
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.control.mtime
         if isinstance(node, CDir):
+            # A live view: a new mtime at each look makes the kernel list it again rather
+            # than answer from a listing it kept (kernelflags).
+            a.st_mtime_ns = time.time_ns()
             a.st_mode = stat.S_IFDIR | 0o755
             a.st_nlink = 2
         else:
@@ -1274,6 +1280,11 @@ class Operations(pyfuse3.Operations):
 
     @_guard()
     async def opendir(self, inode: int, ctx: Any) -> int:
+        if kernelflags.no_opendir():
+            # Once: the kernel then sends no OPENDIR or RELEASEDIR, keeps every listing,
+            # and readdir names the directory by inode (_dir).
+            self._no_opendir = True
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         node = self.control.get(inode)
         if node is not None:
             assert isinstance(node, CDir)
@@ -1289,6 +1300,40 @@ class Operations(pyfuse3.Operations):
         # The kernel keeps the listing (CACHE_DIR) until the directory changes: through the
         # mount, or by rwfs itself (_tree_changed).
         return self._fh(DirHandle(i, None, fd)) | kernelflags.CACHE_DIR
+
+    async def _dir(self, fh: int, start_id: int) -> DirHandle:
+        """The handle of a directory being listed: opendir's, or, when the kernel sends no
+        OPENDIR (kernelflags), one made at the listing's start and kept to its end."""
+        ino = kernelflags.dir_inode(fh)
+        if ino is None:
+            opened = self.handles[fh]
+            assert isinstance(opened, DirHandle)
+            return opened
+        kept = self._listings.get(ino)
+        if kept is not None and start_id > 0:
+            return kept
+        self._listed(fh)
+        node = self.control.get(ino)
+        if node is not None:
+            assert isinstance(node, CDir)
+            if node.settle:
+                await self.ws.sync()
+            h = DirHandle(None, self.control.listing(node), node=node)
+        else:
+            i = self._inode(ino)
+            how = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            h = DirHandle(i, None, os.open(rel(i.path), how, dir_fd=self.ws.root_fd))
+        self._listings[ino] = h
+        if len(self._listings) > 64:  # listings a reader left half-way
+            self._listed(kernelflags.DIR_INODE | next(iter(self._listings)))
+        return h
+
+    def _listed(self, fh: int) -> None:
+        """A listing by inode is over: drop its handle."""
+        ino = kernelflags.dir_inode(fh)
+        h = self._listings.pop(ino, None) if ino is not None else None
+        if h is not None and h.fd >= 0:
+            os.close(h.fd)
 
     def _list(self, i: Inode, fd: int) -> list[bytes]:
         """The names a directory shows: the tree's, with an open batch's new files and
@@ -1313,8 +1358,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard()
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        h = self.handles[fh]
-        assert isinstance(h, DirHandle)
+        h = await self._dir(fh, start_id)
         if h.entries is None:
             assert h.inode is not None
             h.entries = self._list(h.inode, h.fd)
@@ -1357,6 +1401,7 @@ class Operations(pyfuse3.Operations):
                 self.inodes.maybe_drop(inode)
                 return
             inode.lookups += 1
+        self._listed(fh)  # the whole listing went out
 
     @_guard(quiet=True)
     async def releasedir(self, fh: int) -> None:
@@ -1366,6 +1411,19 @@ class Operations(pyfuse3.Operations):
 
     @_guard()
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        ino = kernelflags.dir_inode(fh)
+        if ino is not None:  # no OPENDIR was sent: open the directory to sync it
+            if self.control.get(ino) is not None:
+                return
+            i = self._inode(ino)
+            how = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(rel(i.path), how, dir_fd=self.ws.root_fd)
+            try:
+                await self.ws.sync()
+                await trio.to_thread.run_sync(os.fsync, fd)
+            finally:
+                os.close(fd)
+            return
         h = self.handles[fh]
         if isinstance(h, DirHandle) and h.fd >= 0:
             await self.ws.sync()

@@ -1,10 +1,16 @@
-"""Open flags for the kernel's caches that pyfuse3 cannot set (see ``_fuseopen.c``).
+"""Kernel caches that pyfuse3 cannot ask for (see ``_fuseopen.c``).
 
 ``rwfs.cli`` imports this module before anything imports pyfuse3. It loads the
 ``_fuseopen`` extension with RTLD_GLOBAL, so that pyfuse3, loaded after it, calls its
-``fuse_reply_open``. rwfs then marks a handle number with ``CACHE_DIR`` (the kernel keeps
-the directory's listing) or ``NOFLUSH`` (no FLUSH when a read-only descriptor is closed).
-When the extension is missing or pyfuse3 was loaded first, both are 0: no marks, and the
+``fuse_reply_open`` and ``fuse_session_new``. Then:
+
+- rwfs marks a handle number with ``CACHE_DIR`` (the kernel keeps the directory's
+  listing) or ``NOFLUSH`` (no FLUSH when a read-only descriptor is closed);
+- when ``no_opendir()``, rwfs answers OPENDIR with ENOSYS: the kernel stops sending
+  OPENDIR and RELEASEDIR and keeps every listing; a directory's readdir then carries
+  ``DIR_INODE | inode`` as its handle (``dir_inode()``).
+
+When the extension is missing or pyfuse3 was loaded first, none of this happens and the
 kernel caches less. ``handle()`` strips marks from a handle number, should one ever come
 back with them.
 """
@@ -28,7 +34,22 @@ except ImportError:  # not built
 ACTIVE = _fuseopen is not None and not _too_late
 CACHE_DIR = 1 << 62 if ACTIVE else 0
 NOFLUSH = 1 << 61 if ACTIVE else 0
+DIR_INODE = 1 << 63
 _UNMARK = ~((1 << 62) | (1 << 61))
+
+
+def no_opendir() -> bool:
+    """Whether rwfs may answer OPENDIR with ENOSYS: the session's directory handlers are
+    wrapped, and the kernel (5.1 or later) then stops sending OPENDIR."""
+    if not ACTIVE or not _fuseopen.wrapped():
+        return False
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    return (major, minor) >= (5, 1)
+
+
+def dir_inode(fh: int) -> int | None:
+    """The directory's inode number, when the kernel sent no OPENDIR (else None)."""
+    return fh & ~DIR_INODE if ACTIVE and fh & DIR_INODE else None
 
 
 def handle(fh: int) -> int:
