@@ -1292,14 +1292,13 @@ class Operations(pyfuse3.Operations):
                 await self.ws.sync()
             return self._fh(DirHandle(None, self.control.listing(node), node=node))
         i = self._inode(inode)
-        fd = os.open(
-            rel(i.path),
-            os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-            dir_fd=self.ws.root_fd,
-        )
         # The kernel keeps the listing (CACHE_DIR) until the directory changes: through the
         # mount, or by rwfs itself (_tree_changed).
-        return self._fh(DirHandle(i, None, fd)) | kernelflags.CACHE_DIR
+        return self._fh(DirHandle(i, None, self._open_dir(i))) | kernelflags.CACHE_DIR
+
+    def _open_dir(self, i: Inode) -> int:
+        how = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(rel(i.path), how, dir_fd=self.ws.root_fd)
 
     async def _dir(self, fh: int, start_id: int) -> DirHandle:
         """The handle of a directory being listed: opendir's, or, when the kernel sends no
@@ -1321,8 +1320,7 @@ class Operations(pyfuse3.Operations):
             h = DirHandle(None, self.control.listing(node), node=node)
         else:
             i = self._inode(ino)
-            how = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-            h = DirHandle(i, None, os.open(rel(i.path), how, dir_fd=self.ws.root_fd))
+            h = DirHandle(i, None, self._open_dir(i))
         self._listings[ino] = h
         if len(self._listings) > 64:  # listings a reader left half-way
             self._listed(kernelflags.DIR_INODE | next(iter(self._listings)))
@@ -1415,9 +1413,7 @@ class Operations(pyfuse3.Operations):
         if ino is not None:  # no OPENDIR was sent: open the directory to sync it
             if self.control.get(ino) is not None:
                 return
-            i = self._inode(ino)
-            how = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(rel(i.path), how, dir_fd=self.ws.root_fd)
+            fd = self._open_dir(self._inode(ino))
             try:
                 await self.ws.sync()
                 await trio.to_thread.run_sync(os.fsync, fd)
