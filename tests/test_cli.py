@@ -75,6 +75,7 @@ def test_doctor_finds_everything_here() -> None:
     res = rwfs("doctor")
     assert res.returncode == 0, res.stdout
     assert "everything rwfs needs" in res.stdout
+    assert "_fuseopen" not in res.stdout, "the C extension for the kernel caches is missing"
 
 
 def test_agents_md_tells_an_agent_what_a_refusal_means() -> None:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import kernelflags  # noqa: F401  (before pyfuse3 is imported: see kernelflags)
+from . import kernelflags  # before pyfuse3 is imported: see kernelflags
 from .mount import QuietError, open_state, rwfs_mounts, serve, spawn, umount
 
 
@@ -368,6 +368,12 @@ def cmd_doctor(a: argparse.Namespace) -> int:
                 problems.append("the kernel does not list the fuse filesystem")
     except OSError:
         pass
+    if not kernelflags.ACTIVE:
+        print(
+            "note: rwfs's C extension (rwfs._fuseopen) is not loaded: the kernel will not keep"
+            " directory listings, so find, ls and git status are slower (reinstall rwfs with"
+            " gcc and libfuse3-dev present)"
+        )
     if os.geteuid() != 0:
         try:
             with open("/etc/fuse.conf") as f:
