@@ -151,18 +151,26 @@ def test_rename_onto_a_journaled_path_is_a_commit_of_that_path(workspace: Path) 
 
 
 def test_streamed_hash_matches_the_bytes_after_any_write_pattern(mount: Mount) -> None:
-    """Large writes in order are hashed as they come; any write before the hashed prefix,
-    a truncate or a reopen must still give the journal the digest of the bytes on disk."""
+    """A stage past 8 MiB is hashed by a thread that follows its writes; any write into
+    what it has read, a truncate or a reopen must still give the journal the digest of the
+    bytes on disk."""
     import hashlib
     import json as _json
+    import time
 
     mib = 1 << 20
     f = mount.path / "big.bin"
-    patterns = {
+    ordered = [(k * mib, bytes([65 + k]) * mib) for k in range(12)]
+    patterns: dict[str, list[tuple[int, bytes | float]]] = {
         "in order": [(0, b"a" * mib), (mib, b"b" * mib)],
         "rewrite inside": [(0, b"a" * mib), (mib, b"b" * mib), (mib // 2, b"c" * 100_000)],
         "gap then fill": [(mib, b"b" * mib), (0, b"a" * mib)],
         "small then large": [(0, b"s" * 10), (10, b"L" * mib)],
+        "large in order": [*ordered],
+        "large, then a rewrite of what was hashed": [*ordered, (0, 0.3), (mib + 5, b"r" * 999)],
+        "large, then a rewrite near the end": [*ordered, (11 * mib + 7, b"e" * 4096)],
+        "large, out of order": [*ordered[6:], *ordered[:6], (3 * mib, b"x" * mib)],
+        "large with a hole": [(0, b"h" * mib), (20 * mib, b"t" * mib)],
     }
 
     def check(what: str) -> None:
@@ -176,14 +184,19 @@ def test_streamed_hash_matches_the_bytes_after_any_write_pattern(mount: Mount) -
         fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             for off, data in writes:
-                os.pwrite(fd, data, off)
+                if isinstance(data, float):
+                    time.sleep(data)  # let the hashing thread catch up
+                else:
+                    os.pwrite(fd, data, off)
         finally:
             os.close(fd)
         check(name)
-        if name == "in order":  # then: truncate below the hashed prefix, and append again
+        if name in ("in order", "large in order"):  # then: truncate, and append again
             with open(f, "r+b") as out:
                 out.truncate(mib // 3)
             check("truncated")
             with open(f, "ab") as out:
                 out.write(b"z" * mib)
             check("appended")
+    stats = _json.loads((mount.path / ".rw" / "stats").read_text())
+    assert stats["counts"].get("trailing_hashes", 0) >= 2, "no seal used the trailing hash"

@@ -695,7 +695,9 @@ class Operations(pyfuse3.Operations):
             if journaled and stat.S_ISREG(st.st_mode):
                 await self._ensure_stage(i, truncate=attr.st_size == 0)
                 assert i.stage is not None
+                size = os.fstat(i.stage.fd).st_size
                 os.ftruncate(i.stage.fd, attr.st_size)
+                i.stage.wrote(min(size, attr.st_size), attr.st_size)
                 h = self.handles.get(fh) if fh is not None else None
                 if isinstance(h, Handle):
                     h.dirty = True
@@ -1124,6 +1126,7 @@ class Operations(pyfuse3.Operations):
                     assert i.stage is not None
                     if os.fstat(i.stage.fd).st_size:  # a stage other writers had filled
                         os.ftruncate(i.stage.fd, 0)
+                        i.stage.wrote(0, 0)
                 else:
                     self._open_backing(i, writable=True)
                     os.ftruncate(i.fd, 0)
@@ -1229,6 +1232,7 @@ class Operations(pyfuse3.Operations):
             await self._ensure_stage(i)
         assert i.stage is not None
         n = os.pwrite(i.stage.fd, buf, off)
+        i.stage.wrote(off, off + n)
         h.dirty = True
         return n
 

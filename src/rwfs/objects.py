@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import threading
 import uuid
 from typing import Any
 
@@ -31,6 +32,68 @@ def digest_fd(fd: int) -> tuple[str, int]:
         h.update(buf)
         off += len(buf)
     return "sha256:" + h.hexdigest(), off
+
+
+class TrailingHash:
+    """SHA-256 of a file being written front to back, computed in a thread of its own
+    that follows the writes, so that sealing a large file reads little of it again.
+
+    The thread reads the file itself (through its own descriptor): a write only calls
+    ``wrote()``, with no thread hop. A write into bytes already read (or being read), or
+    a truncation below them, voids the hash; ``finish()`` then returns None and the seal
+    hashes the whole file as usual.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = os.dup(fd)
+        self._h = hashlib.sha256()
+        self._pos = 0  # bytes hashed
+        self._reading = 0  # end of the bytes hashed or being read
+        self._void = False
+        self._done = False
+        self._more = threading.Event()
+        self._stopped = threading.Event()
+        threading.Thread(target=self._run, name="rwfs-hash", daemon=True).start()
+
+    def wrote(self, off: int) -> None:
+        """Called after a write (or a truncation) that changed bytes from ``off`` on."""
+        if off < self._reading:
+            self._void = True
+        self._more.set()
+
+    def stop(self) -> None:
+        """The file is dropped: end the thread, nothing to return."""
+        self._void = self._done = True
+        self._more.set()
+
+    def finish(self) -> tuple[str, int] | None:
+        """Once nothing writes the file any more: (digest, size), or None if void. Blocks
+        until the thread has read to the end: call it from a worker thread."""
+        self._done = True
+        self._more.set()
+        self._stopped.wait()
+        return None if self._void else ("sha256:" + self._h.hexdigest(), self._pos)
+
+    def _run(self) -> None:
+        try:
+            while not self._void:
+                self._more.clear()  # before looking: a write after this wakes the wait
+                size = os.fstat(self._fd).st_size
+                if self._pos < size:
+                    n = min(_CHUNK, size - self._pos)
+                    self._reading = self._pos + n  # before the read: see wrote()
+                    buf = os.pread(self._fd, n, self._pos)
+                    self._h.update(buf)
+                    self._pos += len(buf)
+                elif self._done:
+                    return
+                else:
+                    self._more.wait()
+        except OSError:
+            self._void = True
+        finally:
+            os.close(self._fd)
+            self._stopped.set()
 
 
 def copy_fd(src: int, dst: int) -> tuple[str, int]:

@@ -26,13 +26,16 @@ import trio
 
 from . import faults, gates, parsers
 from .intents import IntentLog
-from .objects import ObjectStore, copy_fd, digest_fd
+from .objects import ObjectStore, TrailingHash, copy_fd, digest_fd
 from .policy import Policy
 from .store import Store, now_iso
 
 log = logging.getLogger("rwfs.commit")
 _libc = ctypes.CDLL(None, use_errno=True)
 _LIMIT = trio.CapacityLimiter(4)
+# A stage this large is hashed by a thread that follows its writes (objects.TrailingHash):
+# sealing it then reads nothing again, when it was written front to back.
+TRAIL_FROM = 8 << 20
 
 
 def syncfs(fd: int) -> None:
@@ -142,6 +145,14 @@ class Stage:
     name: bytes
     expected: str | None  # None: a file that does not exist yet (created in a batch)
     sealed: bool = False
+    trail: TrailingHash | None = None  # hashing it as it is written, once it is large
+
+    def wrote(self, off: int, end: int) -> None:
+        """Bytes from ``off`` to ``end`` changed (a write, a truncation)."""
+        if self.trail is not None:
+            self.trail.wrote(off)
+        elif end >= TRAIL_FROM:
+            self.trail = TrailingHash(self.fd)
 
 
 @dataclass(eq=False)
@@ -294,6 +305,9 @@ class Workspace:
         return await trio.to_thread.run_sync(make, limiter=_LIMIT)
 
     def drop_stage(self, stage: Stage) -> None:
+        if stage.trail is not None:
+            stage.trail.stop()
+            stage.trail = None
         if stage.fd < 0:  # a deletion's, or one whose file was already dropped
             return
         os.close(stage.fd)
@@ -305,6 +319,12 @@ class Workspace:
 
     async def seal(self, stage: Stage) -> tuple[str, int]:
         # atomic: the caller set stage.sealed before this await, so no write can slip in.
+        trail, stage.trail = stage.trail, None
+        if trail is not None:
+            got = await trio.to_thread.run_sync(trail.finish, limiter=_LIMIT)
+            if got is not None:
+                self.stats.count("trailing_hashes")
+                return got
         return await trio.to_thread.run_sync(digest_fd, stage.fd, limiter=_LIMIT)
 
     # ---- gates ----
@@ -317,6 +337,10 @@ class Workspace:
     def _run_gates(self, path: bytes, base_fd: int, stage_fd: int) -> list[gates.Finding]:
         t = time.perf_counter()
         limit = gates.MAX_GATED_BYTES + 1
+        if os.fstat(stage_fd).st_size >= limit or (
+            base_fd >= 0 and os.fstat(base_fd).st_size >= limit
+        ):
+            return []  # gates leave large files alone: no need to read them
         old = os.pread(base_fd, limit, 0) if base_fd >= 0 else b""  # -1: a new file
         new = os.pread(stage_fd, limit, 0)
         findings = gates.check(path, old, new, self.policy.gate)
