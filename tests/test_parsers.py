@@ -236,31 +236,22 @@ def _session(lang: str, path: bytes, data: bytes, edits: list[Any], counts: dict
             data = new  # the next edit starts from the version that parsed
 
 
-def test_python_quick_reparse_agrees_with_a_full_parse(every_block: dict[str, int]) -> None:
-    @settings(max_examples=120, deadline=None)
-    @given(st.sampled_from(sorted(PYTHON)), _line_edits(PY_SNIPPETS))
-    def check(path: bytes, edits: list[Any]) -> None:
-        _session("python", path, PYTHON[path], edits, every_block)
-
-    check()
-    assert every_block["quick"] > every_block["steps"] // 5, every_block
+SESSIONS = {
+    "python": [(path, data, PY_SNIPPETS) for path, data in PYTHON.items()],
+    "yaml": [(b"deploy.yaml", YAML, YAML_SNIPPETS)],
+    "bash": [(b"run.sh", BASH, BASH_SNIPPETS)],
+}
 
 
-def test_yaml_quick_reparse_agrees_with_a_full_parse(every_block: dict[str, int]) -> None:
+@pytest.mark.parametrize("lang", sorted(SESSIONS))
+def test_quick_reparse_agrees_with_a_full_parse(lang: str, every_block: dict[str, int]) -> None:
+    samples = SESSIONS[lang]
+
     @settings(max_examples=200, deadline=None)
-    @given(_line_edits(YAML_SNIPPETS))
-    def check(edits: list[Any]) -> None:
-        _session("yaml", b"deploy.yaml", YAML, edits, every_block)
-
-    check()
-    assert every_block["quick"] > every_block["steps"] // 5, every_block
-
-
-def test_bash_quick_reparse_agrees_with_a_full_parse(every_block: dict[str, int]) -> None:
-    @settings(max_examples=200, deadline=None)
-    @given(_line_edits(BASH_SNIPPETS))
-    def check(edits: list[Any]) -> None:
-        _session("bash", b"run.sh", BASH, edits, every_block)
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        path, text, snippets = data.draw(st.sampled_from(samples))
+        _session(lang, path, text, data.draw(_line_edits(snippets)), every_block)
 
     check()
     assert every_block["quick"] > every_block["steps"] // 5, every_block

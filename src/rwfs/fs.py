@@ -1315,7 +1315,7 @@ class Operations(pyfuse3.Operations):
         kept = self._listings.get(ino)
         if kept is not None and start_id > 0:
             return kept
-        self._listed(fh)
+        self._listed(ino)
         node = self.control.get(ino)
         if node is not None:
             assert isinstance(node, CDir)
@@ -1327,12 +1327,11 @@ class Operations(pyfuse3.Operations):
             h = DirHandle(i, None, self._open_dir(i))
         self._listings[ino] = h
         if len(self._listings) > 64:  # listings a reader left half-way
-            self._listed(kernelflags.DIR_INODE | next(iter(self._listings)))
+            self._listed(next(iter(self._listings)))
         return h
 
-    def _listed(self, fh: int) -> None:
-        """A listing by inode is over: drop its handle."""
-        ino = kernelflags.dir_inode(fh)
+    def _listed(self, ino: int | None) -> None:
+        """A listing by inode (``ino``; None: an opendir's) is over: drop its handle."""
         h = self._listings.pop(ino, None) if ino is not None else None
         if h is not None and h.fd >= 0:
             os.close(h.fd)
@@ -1403,7 +1402,7 @@ class Operations(pyfuse3.Operations):
                 self.inodes.maybe_drop(inode)
                 return
             inode.lookups += 1
-        self._listed(fh)  # the whole listing went out
+        self._listed(kernelflags.dir_inode(fh))  # the whole listing went out
 
     @_guard(quiet=True)
     async def releasedir(self, fh: int) -> None:

@@ -115,6 +115,10 @@ class Block:
     starts: tuple[int, ...]  # offsets where entries begin, each at a line start
     end: int  # where the block's last entry ends (a line start or the end of the file)
 
+    def shifted(self, by: int) -> Block:
+        """The same block, ``by`` bytes further on."""
+        return Block(self.head, self.shape, tuple(x + by for x in self.starts), self.end + by)
+
 
 # Blocks shorter than this are not kept: an edit in one reparses its enclosing entry.
 _MIN_BLOCK = 1024
@@ -178,12 +182,12 @@ def _moved(
         elif b.end <= a:
             out.append(b)  # before the piece
         elif b.starts[0] >= e:  # after it
-            out.append(Block(b.head, b.shape, tuple(x + delta for x in b.starts), b.end + delta))
+            out.append(b.shifted(delta))
         elif b.starts[0] < a:  # around it
             moved = tuple(x + delta if x >= e else x for x in b.starts)
             out.append(Block(b.head, b.shape, moved, b.end + delta))
         # else: inside the piece, replaced by ``nested``
-    out += [Block(b.head, b.shape, tuple(a + x for x in b.starts), a + b.end) for b in nested]
+    out += [b.shifted(a) for b in nested]
     return out
 
 
@@ -286,9 +290,7 @@ class _PythonOutline:
         nested: list[Block] = []
         skip = len(block.head)
         starts = self._walk(src, lines, body, block.head, nested)
-        return [x - skip for x in starts], [
-            Block(b.head, b.shape, tuple(x - skip for x in b.starts), b.end - skip) for b in nested
-        ]
+        return [x - skip for x in starts], [b.shifted(-skip) for b in nested]
 
     @staticmethod
     def _first_line(stmt: ast.stmt) -> int:
@@ -435,9 +437,7 @@ class _YamlOutline:
         skip = len(block.head)
         rest = iter(nodes[1:])
         starts = self._walk(src, _line_starts(src), first, rest, block.head, nested)
-        return [x - skip for x in starts], [
-            Block(b.head, b.shape, tuple(x - skip for x in b.starts), b.end - skip) for b in nested
-        ]
+        return [x - skip for x in starts], [b.shifted(-skip) for b in nested]
 
     @staticmethod
     def _kind(event: Any) -> str:
