@@ -110,3 +110,51 @@ def test_read_only_closes_send_no_flush(mount: Mount) -> None:
     after = flushes()
     # Reading .rw/stats is itself a flushed (control) file: allow for those two.
     assert after - before <= 2, (before, after)
+
+
+def _reads(m: Mount) -> int:
+    stats = json.loads((m.path / ".rw" / "stats").read_text())
+    return int(stats["latency_ms"].get("op.read", {}).get("n", 0))
+
+
+def test_written_bytes_read_back_from_the_kernels_cache(mount: Mount) -> None:
+    """Over the workspace the kernel keeps the pages a write cached, although the write
+    moved the file's mtime: reading the file back sends the daemon no READ."""
+    f = mount.path / "f.bin"
+    data = os.urandom(1 << 20)
+    f.write_bytes(data)
+    os.stat(f)  # fetches the new mtime: with auto_inval_data, this drops every page
+    status = json.loads((mount.path / ".rw" / "status").read_text())
+    assert status["written_pages_kept"] is True
+    # Reading .rw/stats is itself served by the daemon: count its own reads once, apart.
+    n0 = _reads(mount)
+    n1 = _reads(mount)
+    assert f.read_bytes() == data
+    n2 = _reads(mount)
+    assert (n2 - n1) - (n1 - n0) == 0, (n0, n1, n2)
+
+
+def test_a_file_changed_beside_the_mount_reads_new_bytes(tmp_path: Path) -> None:
+    """A separate mount point: the same size, a new mtime. Once the attributes time out
+    (1 s) the kernel sees the mtime moved and drops the pages it kept."""
+    ws, mp = tmp_path / "ws", tmp_path / "mnt"
+    ws.mkdir()
+    mp.mkdir()
+    m = Mount(ws, mp).start()
+    try:
+        (mp / "f.txt").write_text("aaaa\n")
+        assert (mp / "f.txt").read_text() == "aaaa\n"  # now in the kernel's cache
+        ctl(m, "sync")
+        st = os.stat(ws / "f.txt")
+        (ws / "f.txt").write_text("bbbb\n")
+        os.utime(ws / "f.txt", ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+        deadline = time.monotonic() + 10
+        while (mp / "f.txt").read_text() != "bbbb\n" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (mp / "f.txt").read_text() == "bbbb\n"
+        status = json.loads((mp / ".rw" / "status").read_text())
+        assert status["written_pages_kept"] is False
+    finally:
+        m.stop()
+    # Not check_clean: the file changed behind rwfs on purpose, so fsck reports it.
+    assert "Traceback" not in m.log_text()

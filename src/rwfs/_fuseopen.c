@@ -15,6 +15,10 @@
  *   trip less per directory opened) and caches every listing; its requests then carry
  *   handle 0, which pyfuse3 would pass on as is: the wrappers put the directory's inode
  *   number there instead, marked with the top bit.
+ *   It also wraps init: after keep_pages(True), the session does not ask for
+ *   FUSE_CAP_AUTO_INVAL_DATA, so the kernel keeps a file's pages when its mtime moves.
+ *   Without the writeback cache a write does not update the kernel's mtime, so with that
+ *   capability the next stat after a write would drop every page the write just cached.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -78,6 +82,17 @@ static void readdirplus_w(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off
     inner.readdirplus(req, ino, size, off, fi);
 }
 
+static int keep_pages, pages_kept;
+
+static void init_w(void *userdata, struct fuse_conn_info *conn)
+{
+    inner.init(userdata, conn);
+    if (keep_pages) {
+        conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+        pages_kept = 1;
+    }
+}
+
 static void fsyncdir_w(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
     by_inode(ino, fi);
@@ -98,6 +113,8 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
         ops.readdirplus = readdirplus_w;
     if (ops.fsyncdir != NULL)
         ops.fsyncdir = fsyncdir_w;
+    if (ops.init != NULL)
+        ops.init = init_w;
     wrapped = 1;
     return libfuse_session_new(args, &ops, op_size, userdata);
 }
@@ -112,7 +129,20 @@ static PyObject *count(PyObject *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(flagged);
 }
 
+static PyObject *set_keep_pages(PyObject *self, PyObject *arg)
+{
+    keep_pages = PyObject_IsTrue(arg);
+    Py_RETURN_NONE;
+}
+
+static PyObject *are_pages_kept(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(pages_kept);
+}
+
 static PyMethodDef methods[] = {
+    {"keep_pages", set_keep_pages, METH_O, "Ask the kernel not to drop pages at a new mtime."},
+    {"pages_kept", are_pages_kept, METH_NOARGS, "Whether the session asked it."},
     {"flagged", count, METH_NOARGS, "How many answers this module has flagged."},
     {"wrapped", is_wrapped, METH_NOARGS, "Whether the session's directory handlers are wrapped."},
     {NULL, NULL, 0, NULL},

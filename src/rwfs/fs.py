@@ -158,6 +158,7 @@ class Operations(pyfuse3.Operations):
         self.control.live["kernel_cache_flags"] = kernelflags.flagged
         self._no_opendir = False
         self.control.live["no_opendir"] = lambda: self._no_opendir
+        self.control.live["written_pages_kept"] = kernelflags.pages_kept
         self.show_control = show_control
         self.timeout = timeout
         self.handles = Handles()

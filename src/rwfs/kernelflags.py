@@ -8,7 +8,8 @@
   listing) or ``NOFLUSH`` (no FLUSH when a read-only descriptor is closed);
 - when ``no_opendir()``, rwfs answers OPENDIR with ENOSYS: the kernel stops sending
   OPENDIR and RELEASEDIR and keeps every listing; a directory's readdir then carries
-  ``DIR_INODE | inode`` as its handle (``dir_inode()``).
+  ``DIR_INODE | inode`` as its handle (``dir_inode()``);
+- after ``keep_written_pages()``, the kernel keeps the pages a write cached.
 
 When the extension is missing or pyfuse3 was loaded first, none of this happens and the
 kernel caches less. ``handle()`` strips marks from a handle number, should one ever come
@@ -45,6 +46,19 @@ def no_opendir() -> bool:
         return False
     major, minor = (int(x) for x in os.uname().release.split(".")[:2])
     return (major, minor) >= (5, 1)
+
+
+def keep_written_pages() -> None:
+    """Ask the kernel (at the session's init) to keep a file's pages when its mtime moves.
+    Only right where rwfs makes every change itself and drops what it changed: over the
+    workspace, not at a separate mount point whose raw tree can change behind it."""
+    if ACTIVE:
+        _fuseopen.keep_pages(True)
+
+
+def pages_kept() -> bool:
+    """Whether the session asked the kernel to keep pages at a new mtime."""
+    return bool(ACTIVE and _fuseopen.pages_kept())
 
 
 def dir_inode(fh: int) -> int | None:

@@ -20,7 +20,7 @@ from typing import Any
 import pyfuse3
 import trio
 
-from . import faults
+from . import faults, kernelflags
 from .batches import Batches
 from .control import write_state_file
 from .fs import Operations
@@ -140,6 +140,8 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
     ops = Operations(
         ws, batches, info, "show_control" in options, timeout=60.0 if overmount else 1.0
     )
+    if overmount:
+        kernelflags.keep_written_pages()
     fuse_opts = set(pyfuse3.default_options) | {"fsname=rwfs", "subtype=rwfs"}
     fuse_opts |= options - OUR_OPTIONS
     try:
