@@ -693,7 +693,9 @@ class Operations(pyfuse3.Operations):
         st = self._stat(i)
         journaled = self._journaled(path, st, i.is_dir)
         if fields.update_size:
-            if journaled and stat.S_ISREG(st.st_mode):
+            # An unlinked file's inode may be linked as a kept object meanwhile (st_nlink
+            # 2 for a moment while the committer moves it): never change it in place.
+            if (journaled or i.unlinked) and stat.S_ISREG(st.st_mode):
                 await self._ensure_stage(i, truncate=attr.st_size == 0)
                 assert i.stage is not None
                 size = os.fstat(i.stage.fd).st_size
@@ -1226,7 +1228,7 @@ class Operations(pyfuse3.Operations):
         i = h.inode
         # Decided at each write, not at open: a file hard-linked since it was opened must
         # be written in place, or the commit's rename would split the link.
-        if i.stage is None and not self._journaled(i.path, os.fstat(i.fd)):
+        if i.stage is None and not i.unlinked and not self._journaled(i.path, os.fstat(i.fd)):
             self._open_backing(i, writable=True)
             return os.pwrite(i.fd, buf, off)
         if i.stage is None or i.stage.sealed:
