@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ahocorasick_rs import BytesAhoCorasick
+
 from . import parsers
 
 # Gates read at most this much of a file; larger files are left alone (their content is
@@ -127,9 +129,10 @@ def syntax(path: bytes, old: bytes, new: bytes) -> Finding | None:
 # with \b or a lookbehind costs about half a millisecond per 100 KB per pattern. So each
 # pattern runs only where cheap byte searches say it could match: "needles" that any match
 # contains, searched in a "view" of the bytes (as they are, lower-cased, or with every
-# digit turned into 0 or every base64 character into "a"). Emails are searched only near
-# an "@". The result is what the patterns alone would give (a test checks it), save for
-# an email whose local part is longer than 256 bytes.
+# digit turned into 0 or every base64 character into "a"). One Aho-Corasick pass finds
+# which of a view's needles occur (37 substring searches took three times as long).
+# Emails are searched only near an "@". The result is what the patterns alone would give
+# (a test checks it), save for an email whose local part is longer than 256 bytes.
 _DIGITS = bytes(ord("0") if chr(c).isdigit() and c < 128 else c for c in range(256))
 _BASE64 = bytes(
     ord("a") if (c < 128 and chr(c).isalnum()) or chr(c) in "+/" else ord(" ") for c in range(256)
@@ -218,16 +221,35 @@ _FAMILIES: dict[str, tuple[float, list[_Pattern]]] = {
     ),
     "binary_hint": (0.20, [_p(rb"[A-Za-z0-9+/]{200,}={0,2}", b"a" * 200, view="base64")]),
 }
+
+
+class _Needles:
+    """Which of each view's needles occur in the bytes: one pass per view."""
+
+    def __init__(self) -> None:
+        by_view: dict[str, list[bytes]] = {}
+        for _, patterns in _FAMILIES.values():
+            for p in patterns:
+                by_view.setdefault(p.view, []).extend(p.needles)
+        self.needles = {v: sorted(set(ns)) for v, ns in by_view.items()}
+        self.automata = {v: BytesAhoCorasick(ns) for v, ns in self.needles.items()}
+
+    def present(self, view: str, data: bytes) -> set[bytes]:
+        names = self.needles[view]
+        hits = self.automata[view].find_matches_as_indexes(data, overlapping=True)
+        return {names[i] for i, _, _ in hits}
+
+
+_NEEDLES = _Needles()
 VERDICTS = (("high", 0.70), ("medium", 0.40), ("low", 0.10))
 _RANK = {"off": 99, "high": 3, "medium": 2, "low": 1, "safe": 0}
 _CONTROLS = bytes(c for c in range(32) if c < 9 or c > 13)
 
 
-def _matches(p: _Pattern, data: bytes, views: dict[str, bytes]) -> set[bytes]:
-    if p.view not in views:
-        views[p.view] = _VIEWS[p.view](data)
-    view = views[p.view]
-    if not any(n in view for n in p.needles):
+def _matches(p: _Pattern, data: bytes, present: dict[str, set[bytes]]) -> set[bytes]:
+    if p.view not in present:
+        present[p.view] = _NEEDLES.present(p.view, _VIEWS[p.view](data))
+    if not any(n in present[p.view] for n in p.needles):
         return set()
     if p.domain is None:
         return {m.group(0) for m in p.regex.finditer(data)}
@@ -251,9 +273,9 @@ def risk(data: bytes) -> dict[str, Any]:
     """
     score = 0.0
     found: dict[str, set[bytes]] = {}
-    views: dict[str, bytes] = {}
+    present: dict[str, set[bytes]] = {}
     for family, (weight, patterns) in _FAMILIES.items():
-        hits = set().union(*(_matches(p, data, views) for p in patterns))
+        hits = set().union(*(_matches(p, data, present) for p in patterns))
         if hits:
             found[family] = hits
             score += weight * min(1.5, 1.0 + 0.25 * (len(hits) - 1))
@@ -264,7 +286,7 @@ def risk(data: bytes) -> dict[str, Any]:
         score += _FAMILIES["binary_hint"][0]
     if len(data) > 100 << 10:
         score += 0.15
-    if any(len(line) > 2000 for line in data.split(b"\n")):
+    if max(map(len, data.split(b"\n"))) > 2000:
         score += 0.20
     score = max(0.0, min(1.0, score))
     verdict = next((name for name, floor in VERDICTS if score >= floor), "safe")
