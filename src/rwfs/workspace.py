@@ -166,7 +166,10 @@ class Commit:
     info: dict[str, Any]
     owner: Any = None  # the caller's handle on the file (the FUSE layer's inode)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    done: trio.Event = field(default_factory=trio.Event)
+    done: trio.Event = field(default_factory=trio.Event)  # settled and recorded
+    # Set once the commit cannot be lost (stage synced, receipt in LMDB, renamed): a
+    # writer waiting in fsync goes on then, while the commit record is written.
+    durable: trio.Event = field(default_factory=trio.Event)
     outcome: str = ""  # committed | landed | conflict | error
     error: RwfsError | None = None
     new_ino: int = 0
@@ -511,7 +514,9 @@ class Workspace:
         self._enqueue(commit)
         if wait:
             self._urgent.set()
-            await commit.done.wait()
+            # rwfs's own writes (no owner: a verb, a resumed batch) wait for the record
+            # and for the FUSE layer's view of them to be updated.
+            await (commit.durable if commit.owner is not None else commit.done).wait()
             if commit.error is not None:
                 raise commit.error
             if commit.outcome == "conflict":
@@ -631,6 +636,7 @@ class Workspace:
                 if item.outcome == "error":
                     _close_quietly(item.stage.fd)
                 self.on_committed(item)
+                item.durable.set()
                 item.done.set()
 
     def _fail_group(self, group: list[Commit | Event], why: str) -> None:
@@ -643,6 +649,7 @@ class Workspace:
                 item.error = journal_unavailable(item.path, why)
                 self.drop_stage(item.stage)
                 self.on_committed(item)
+                item.durable.set()
                 item.done.set()
             else:
                 retry.append(item)
@@ -688,6 +695,10 @@ class Workspace:
         for item in group:
             if isinstance(item, Event):
                 self._settle_event_digests(item)
+        # Each commit is durable now: after a crash its receipt is there, and the live
+        # file holds the intended bytes, or the expected ones beside a synced stage that
+        # recovery renames (SPEC §6.2). So a writer waiting in fsync is answered now.
+        trio.from_thread.run_sync(_set_durable, commits)
         # The renames, the namespace operations and the kept objects are durable before
         # their records: one round of syncs for the whole group.
         syncfs(self.root_fd)
@@ -792,6 +803,11 @@ class Workspace:
         if c.outcome != "landed" and c.intended is not None:
             self.objects.keep_fd_copy(c.stage.fd, c.intended)
         self.drop_stage(c.stage)
+
+
+def _set_durable(commits: list[Commit]) -> None:
+    for c in commits:
+        c.durable.set()
 
 
 def _signature(st: os.stat_result) -> tuple[int, int, int]:
