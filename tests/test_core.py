@@ -187,7 +187,7 @@ def test_journal_unavailable_refuses_a_strict_write_with_nothing_changed(
             os.close(fd)
         os.pwrite(stage.fd, data, 0)
         stage.sealed = True
-        intended, size = await ws.seal(stage)
+        intended, size, _ = await ws.seal(stage)
         c: Commit = await ws.submit(Commit(b"f", stage, intended, size, {}), wait=True)
         return c
 

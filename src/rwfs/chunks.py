@@ -192,7 +192,7 @@ class Chunks:
 
         await trio.to_thread.run_sync(fill, limiter=_LIMIT)
         try:
-            intended, size = await ws.seal(s)
+            intended, size, _ = await ws.seal(s)
             findings = await ws.run_gates(path, base, s.fd)
             if any(f.action == "reject" for f in findings):
                 err = await ws.refuse(path, s.fd, s.expected, intended, findings, who)

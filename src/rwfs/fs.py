@@ -522,7 +522,16 @@ class Operations(pyfuse3.Operations):
                 self._orphan_stage(inode)
                 return
             stage.sealed = True  # atomic: set before the first await, so writers wait
-            intended, size = await self.ws.seal(stage)
+            # A new (empty) file has nothing a write could break: only the secrets gate
+            # has something to look at.
+            gated = inode.path
+            gate = (
+                stage.expected != EMPTY_DIGEST
+                or self.ws.policy.gate("secrets", gated)["action"] != "off"
+            )
+            intended, size, findings = await self.ws.seal(
+                stage, (gated, inode.fd) if gate else None
+            )
             if not inode.paths:  # unlinked during the seal
                 stage.sealed = False
                 self._orphan_stage(inode)
@@ -551,13 +560,7 @@ class Operations(pyfuse3.Operations):
                 )
                 self.ws.stats.count("noops")
                 return
-            # A new (empty) file has nothing a write could break: only the secrets gate
-            # has something to look at.
-            findings = []
-            if (
-                stage.expected != EMPTY_DIGEST
-                or self.ws.policy.gate("secrets", path)["action"] != "off"
-            ):
+            if path != gated:  # renamed during the seal: gate it as what it is now
                 findings = await self.ws.run_gates(path, inode.fd, stage.fd)
             if any(f.action == "reject" for f in findings):
                 # Refused: the draft is kept, the stage goes, the file reads as before.
@@ -1118,7 +1121,9 @@ class Operations(pyfuse3.Operations):
             return pyfuse3.FileInfo(fh=self._fh(h), direct_io=True)
         i = self._inode(inode)
         writable = flags & os.O_ACCMODE != os.O_RDONLY
-        journaled = self._journaled(i.path, self._stat(i))
+        # Size and link count matter only to a writer: a reader (grep opens every file)
+        # is spared a stat.
+        journaled = self._journaled(i.path, self._stat(i) if writable else None)
         if not i.virtual:
             self._open_backing(i, writable and not journaled)
         i.handles += 1

@@ -320,15 +320,26 @@ class Workspace:
         except FileNotFoundError:
             pass
 
-    async def seal(self, stage: Stage) -> tuple[str, int]:
+    async def seal(
+        self, stage: Stage, gate: tuple[bytes, int] | None = None
+    ) -> tuple[str, int, list[gates.Finding]]:
+        """Hash a stage: (intended digest, size, findings). With ``gate`` = (path, the
+        base's descriptor) the gates run too if the bytes changed, in the same worker-thread
+        hop: a small file's commit is mostly hops, so this is one less."""
         # atomic: the caller set stage.sealed before this await, so no write can slip in.
         trail, stage.trail = stage.trail, None
-        if trail is not None:
-            got = await trio.to_thread.run_sync(trail.finish, limiter=_LIMIT)
-            if got is not None:
+
+        def work() -> tuple[str, int, list[gates.Finding]]:
+            got = trail.finish() if trail is not None else None
+            if got is None:
+                got = digest_fd(stage.fd)
+            else:
                 self.stats.count("trailing_hashes")
-                return got
-        return await trio.to_thread.run_sync(digest_fd, stage.fd, limiter=_LIMIT)
+            if gate is None or got[0] == stage.expected:
+                return (*got, [])
+            return (*got, self._run_gates(*gate, stage.fd))
+
+        return await trio.to_thread.run_sync(work, limiter=_LIMIT)
 
     # ---- gates ----
 
