@@ -200,3 +200,41 @@ def test_streamed_hash_matches_the_bytes_after_any_write_pattern(mount: Mount) -
             check("appended")
     stats = _json.loads((mount.path / ".rw" / "stats").read_text())
     assert stats["counts"].get("trailing_hashes", 0) >= 2, "no seal used the trailing hash"
+
+
+def test_a_commit_leaves_its_directorys_times_alone(tmp_path: Path) -> None:
+    """Rewriting a file leaves its directory's times alone, as on a plain filesystem,
+    though the commit renames a stage into the directory. Times set on the directory
+    while a commit into it is queued (tar, cp -a) are kept; a new entry moves them."""
+    ws, mp = tmp_path / "ws", tmp_path / "mnt"
+    ws.mkdir()
+    mp.mkdir()
+    m = Mount(ws, mp).start()
+
+    def sync() -> None:
+        (mp / ".rw" / "ctl").write_text("sync\n")
+
+    try:
+        d = mp / "d"
+        d.mkdir()
+        (d / "f.txt").write_text("one\n")
+        sync()
+        os.utime(d, ns=(1_000_000_000, 2_000_000_000))
+        (d / "f.txt").write_text("two\n")
+        sync()
+        st = os.stat(ws / "d")  # the raw tree, beside the mount point
+        assert (st.st_atime_ns, st.st_mtime_ns) == (1_000_000_000, 2_000_000_000)
+
+        (d / "f.txt").write_text("three\n")  # queued: the group has not run yet
+        os.utime(d, ns=(3_000_000_000, 4_000_000_000))
+        sync()
+        assert (ws / "d" / "f.txt").read_text() == "three\n"
+        st = os.stat(ws / "d")
+        assert (st.st_atime_ns, st.st_mtime_ns) == (3_000_000_000, 4_000_000_000)
+
+        (d / "g.txt").write_text("new\n")  # a new entry: the directory's own change
+        sync()
+        assert os.stat(ws / "d").st_mtime_ns > 4_000_000_000
+    finally:
+        m.stop()
+    check_clean(m)

@@ -712,13 +712,6 @@ class Operations(pyfuse3.Operations):
             else:
                 self._open_backing(i, writable=True)
                 os.ftruncate(i.fd, attr.st_size)
-        if i.is_dir and (fields.update_atime or fields.update_mtime):
-            # A queued commit renames its stage into its directory, which moves the
-            # directory's mtime: settle those of this directory's files first, or the
-            # times that tar and cp -a set after writing a directory's files are lost.
-            for c in self.ws.unsettled():
-                if c.path.rpartition(b"/")[0] == path and c.owner is not None:
-                    await self._settle(c.owner)
         targets: list[Any] = [] if i.virtual else [rel(path)]
         if i.stage is not None:
             targets.append(i.stage.fd)

@@ -767,11 +767,19 @@ class Workspace:
                 os.unlink(rel(c.path), dir_fd=self.root_fd)
                 c.outcome = "committed"
                 return
+            # A plain filesystem leaves a directory's times alone when a file in it is
+            # rewritten (and tar and cp -a set them after writing the files): the rename
+            # moves them, so they are put back.
+            parent = rel(c.path.rpartition(b"/")[0])
+            kw: dict[str, Any] = {"dir_fd": self.root_fd, "follow_symlinks": False}
+            dir_st = os.stat(parent, **kw) if live is not None else None
             if live is None:  # a file restored where a whole directory was removed
                 self._make_parents(c.path)
             os.rename(
                 c.stage.name, rel(c.path), src_dir_fd=self.staging_fd, dst_dir_fd=self.root_fd
             )
+            if dir_st is not None:
+                os.utime(parent, ns=(dir_st.st_atime_ns, dir_st.st_mtime_ns), **kw)
             faults.point("after_rename")
             got = os.stat(rel(c.path), dir_fd=self.root_fd, follow_symlinks=False)
             mine = os.fstat(c.stage.fd)
