@@ -697,8 +697,7 @@ class Batches:
         commit.outcome = outcome
         commit.held = False
         self.ws.on_committed(commit)
-        commit.durable.set()
-        commit.done.set()
+        commit.finish()
 
     async def _save(self, batch: Batch) -> None:
         await trio.to_thread.run_sync(

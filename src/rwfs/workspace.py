@@ -177,6 +177,11 @@ class Commit:
     batch: str | None = None  # an explicit batch's name (batches.py); None: a batch of one
     held: bool = False  # held by an open batch: not queued, the tree waits for its commit
 
+    def finish(self) -> None:
+        """Settled and recorded: wake whoever waits for it, durable or done."""
+        self.durable.set()
+        self.done.set()
+
 
 @dataclass(eq=False)
 class Event:
@@ -647,8 +652,7 @@ class Workspace:
                 if item.outcome == "error":
                     _close_quietly(item.stage.fd)
                 self.on_committed(item)
-                item.durable.set()
-                item.done.set()
+                item.finish()
 
     def _fail_group(self, group: list[Commit | Event], why: str) -> None:
         # Nothing of the group reached the tree. Writers waiting (strict, fsync) are told;
@@ -660,8 +664,7 @@ class Workspace:
                 item.error = journal_unavailable(item.path, why)
                 self.drop_stage(item.stage)
                 self.on_committed(item)
-                item.durable.set()
-                item.done.set()
+                item.finish()
             else:
                 retry.append(item)
         self._queue[:0] = retry
