@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -235,6 +237,47 @@ def test_a_commit_leaves_its_directorys_times_alone(tmp_path: Path) -> None:
         (d / "g.txt").write_text("new\n")  # a new entry: the directory's own change
         sync()
         assert os.stat(ws / "d").st_mtime_ns > 4_000_000_000
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_a_new_files_empty_inode_is_reused_as_a_later_stage(tmp_path: Path) -> None:
+    """A new file's first commit replaces the empty file its create made; rwfs keeps that
+    inode for the next stage rather than freeing it (see Workspace._spare_link). The file
+    the inode then becomes carries nothing of its past: no xattrs, its own mode, new times."""
+    ws, mp = tmp_path / "ws", tmp_path / "mnt"
+    ws.mkdir()
+    mp.mkdir()
+    m = Mount(ws, mp).start()
+
+    def sync() -> None:
+        (mp / ".rw" / "ctl").write_text("sync\n")
+
+    try:
+        (mp / "zero.txt").write_text("0\n")  # its empty inode is kept: the empty object
+        sync()
+        first, second = mp / "first.txt", mp / "second.txt"
+        fd = os.open(first, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        placeholder = os.stat(ws / "first.txt").st_ino  # the raw tree, beside the mount
+        os.setxattr(first, "user.origin", b"first")  # set on the empty file itself
+        os.write(fd, b"first\n")
+        os.close(fd)
+        sync()
+        assert os.stat(ws / "first.txt").st_ino != placeholder  # the stage replaced it
+        t0 = time.time_ns()
+
+        fd = os.open(second, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+        os.write(fd, b"second\n")
+        os.close(fd)
+        sync()
+        assert os.stat(ws / "second.txt").st_ino == placeholder, "the empty inode was not reused"
+        assert (first.read_bytes(), second.read_bytes()) == (b"first\n", b"second\n")
+        assert os.getxattr(first, "user.origin") == b"first"
+        assert [a for a in os.listxattr(second) if a.startswith("user.")] == []
+        st = os.stat(second)
+        assert stat.S_IMODE(st.st_mode) == 0o640
+        assert st.st_atime_ns >= t0 and st.st_mtime_ns >= t0
     finally:
         m.stop()
     check_clean(m)

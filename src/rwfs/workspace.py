@@ -11,6 +11,8 @@ fsync, LMDB commits, renames of a group — runs in worker threads. Invariants t
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import ctypes
 import errno
 import logging
@@ -26,7 +28,7 @@ import trio
 
 from . import faults, gates, parsers
 from .intents import IntentLog
-from .objects import ObjectStore, TrailingHash, copy_fd, digest_fd
+from .objects import EMPTY_DIGEST, ObjectStore, TrailingHash, copy_fd, digest_fd
 from .policy import Policy
 from .store import Store, now_iso
 
@@ -36,6 +38,8 @@ _LIMIT = trio.CapacityLimiter(4)
 # A stage this large is hashed by a thread that follows its writes (objects.TrailingHash):
 # sealing it then reads nothing again, when it was written front to back.
 TRAIL_FROM = 8 << 20
+# Empty inodes kept in the staging area for new stages (``_spare``), at most this many.
+SPARES_MAX = 512
 
 
 def syncfs(fd: int) -> None:
@@ -173,6 +177,7 @@ class Commit:
     outcome: str = ""  # committed | landed | conflict | error
     error: RwfsError | None = None
     new_ino: int = 0
+    spare: bytes | None = None  # the replaced empty file, linked into staging (``_spare``)
     lsn: int = 0
     batch: str | None = None  # an explicit batch's name (batches.py); None: a batch of one
     held: bool = False  # held by an open batch: not queued, the tree waits for its commit
@@ -215,6 +220,7 @@ class Workspace:
         self._closing = False
         self._inflight: list[Commit | Event] = []
         self._budget: dict[tuple[bytes, str], int] = {}  # retries left per (path, refused bytes)
+        self._spares: collections.deque[bytes] = collections.deque()  # staging names (_spare)
         self.stats = Stats()
         self.journal_ok = True
         self.on_committed: Callable[[Commit], None] = lambda c: None
@@ -281,10 +287,11 @@ class Workspace:
         return await trio.to_thread.run_sync(self._new_stage, source_fd, truncate, limiter=_LIMIT)
 
     def _new_stage(self, source_fd: int, truncate: bool) -> Stage:
-        name = uuid.uuid4().hex.encode()
-        fd = os.open(
-            name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.staging_fd
-        )
+        fd, name = self._take_spare()
+        if fd < 0:
+            name = uuid.uuid4().hex.encode()
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            fd = os.open(name, flags, 0o600, dir_fd=self.staging_fd)
         try:
             st = os.fstat(source_fd)
             copy_metadata(source_fd, fd, st)
@@ -297,6 +304,61 @@ class Workspace:
             os.unlink(name, dir_fd=self.staging_fd)
             raise
         return Stage(fd, name, expected)
+
+    # An empty file replaced by its first commit (a new file's placeholder) is linked into
+    # the staging area and becomes a later stage, instead of being freed while another
+    # inode is allocated for the stage. Inode allocation is the cost of a new file: on ext4
+    # without a journal it scans past every inode freed in the last minutes (it avoids
+    # reusing them), so a tree of new files freeing one inode each slowed every create.
+
+    def _spare_link(self, path: bytes, st: os.stat_result) -> bytes | None:
+        """Before the rename over ``path``: keep its empty inode (not kept as an object, no
+        other name) as a spare, under a name of its own in staging (committer thread)."""
+        if st.st_nlink != 1 or len(self._spares) >= SPARES_MAX:
+            return None
+        name = uuid.uuid4().hex.encode()
+        try:
+            os.link(rel(path), name, src_dir_fd=self.root_fd, dst_dir_fd=self.staging_fd)
+        except OSError:
+            return None
+        return name
+
+    def _spare(self, c: Commit) -> None:
+        """Pool a committed commit's spare, once the FUSE layer has taken the commit in and
+        closed its descriptor of the replaced inode (so only commits with an owner make
+        spares: rwfs's own writes may leave an inode's old descriptor open). A spare left in
+        staging at a crash is removed by recovery like any orphaned stage."""
+        assert c.spare is not None
+        if c.outcome == "committed":
+            self._spares.append(c.spare)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(c.spare, dir_fd=self.staging_fd)
+        c.spare = None
+
+    def _take_spare(self) -> tuple[int, bytes]:
+        """(descriptor, name) of a spare made fresh: empty, no xattrs, times now; (-1, b"")
+        when there is none (worker thread: the deque is safe across threads)."""
+        while True:
+            try:
+                name = self._spares.popleft()
+            except IndexError:
+                return -1, b""
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.staging_fd)
+            except OSError:
+                continue
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_size == 0:
+                for attr in os.listxattr(fd):
+                    with contextlib.suppress(OSError):
+                        os.removexattr(fd, attr)
+                os.utime(fd)
+                self.stats.count("spares_reused")
+                return fd, name
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=self.staging_fd)
 
     async def empty_stage(self, mode: int, uid: int, gid: int) -> Stage:
         """A stage for a file that does not exist yet (one a batch creates)."""
@@ -653,6 +715,9 @@ class Workspace:
                     _close_quietly(item.stage.fd)
                 self.on_committed(item)
                 item.finish()
+        for item in group:
+            if isinstance(item, Commit) and item.spare is not None:
+                self._spare(item)
 
     def _fail_group(self, group: list[Commit | Event], why: str) -> None:
         # Nothing of the group reached the tree. Writers waiting (strict, fsync) are told;
@@ -763,7 +828,11 @@ class Workspace:
                 self._keep_intended(c)
                 return
             if live is not None:
-                self.objects.keep_link(self.root_fd, rel(c.path), live)
+                assert st is not None
+                if live == EMPTY_DIGEST and c.owner is not None and self.objects.exists(live):
+                    c.spare = self._spare_link(c.path, st)
+                else:
+                    self.objects.keep_link(self.root_fd, rel(c.path), live)
                 c.info["kept"] = True
             faults.point("after_preimage")
             if c.intended is None:
