@@ -159,6 +159,25 @@ def test_unlink_keeps_the_removed_bytes_across_a_crash(workspace: Path) -> None:
     assert (workspace / ".rw" / "objects" / h[:2] / h[2:]).read_bytes() == b"precious\n"
 
 
+def test_a_chmod_recorded_before_a_crash_is_journaled_after_it(workspace: Path) -> None:
+    """A setattr is applied, then recorded in the intent log by one record (no announce
+    before it): recovery journals it."""
+    (workspace / "mode.txt").write_bytes(b"x\n")
+    m = Mount(workspace).start()
+    os.chmod(m.path / "mode.txt", 0o600)
+    m.kill()  # before the group committer ran: only the intent log knows
+    m = Mount(workspace).start()
+    try:
+        chmods = [e for e in events(m) if e["op"] == "setattr"]
+        assert [(e["path"], e["mode"], e.get("recovered")) for e in chmods] == [
+            ("mode.txt", 0o600, True)
+        ]
+        assert os.stat(m.path / "mode.txt").st_mode & 0o777 == 0o600
+    finally:
+        m.stop()
+    check_clean(m)
+
+
 def test_unlink_in_flight_at_the_crash_is_journaled(workspace: Path) -> None:
     (workspace / "doomed.txt").write_bytes(b"last words\n")
     m = Mount(workspace, env={"RWFS_FAULT": "after_unlink"}).start()

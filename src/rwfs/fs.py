@@ -302,6 +302,10 @@ class Operations(pyfuse3.Operations):
             hit = self._procs[pid] = (tgid, comm)
         return {"pid": hit[0], "comm": hit[1], "uid": ctx.uid}
 
+    def _event(self, ctx: Any, op: str, path: bytes, extra: dict[str, Any]) -> dict[str, Any]:
+        ev = {"op": op, "path": fsdecode(path), "batch": None, **extra, **self._who(ctx)}
+        return {k: v for k, v in ev.items() if v is not None}
+
     @contextlib.contextmanager
     def _journal(
         self,
@@ -317,8 +321,7 @@ class Operations(pyfuse3.Operations):
         if not journaled:
             yield {}
             return
-        ev = {"op": op, "path": fsdecode(path), "batch": None, **extra, **self._who(ctx)}
-        item = self.ws.announce({k: v for k, v in ev.items() if v is not None}, incoming)
+        item = self.ws.announce(self._event(ctx, op, path, extra), incoming)
         late: dict[str, Any] = {}
         try:
             yield late
@@ -736,8 +739,9 @@ class Operations(pyfuse3.Operations):
                 changed.append("times")
         if changed and journaled and not i.virtual:
             mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else None
-            with self._journal(True, ctx, "setattr", path, changed=sorted(set(changed)), mode=mode):
-                pass  # already applied: metadata changes are recorded, not staged
+            # Already applied: metadata changes are recorded, not staged.
+            extra = {"changed": sorted(set(changed)), "mode": mode}
+            self.ws.record(self._event(ctx, "setattr", path, extra))
         return self._attr(inode, self._stat(i))
 
     @_guard()

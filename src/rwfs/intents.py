@@ -8,8 +8,10 @@ new generation when it takes a group, and deletes the old file once LMDB has app
 ``meta.prepared_gen`` / ``meta.applied_gen`` in the store say how far LMDB got, so recovery
 knows which records are already journaled (see recovery.py).
 
-Records: ``{"kind": "commit", "id", "path", "stage", "expected", "intended", "size", …}`` and
-``{"kind": "event", "event": {...}, "incoming": name-or-null}``.
+Records: ``{"kind": "commit", "id", "path", "stage", "expected", "intended", "size", …}``,
+``{"kind": "event", "event": {...}, "incoming": name-or-null}`` followed by ``{"kind": "done"}``
+or ``{"kind": "cancel"}`` with the same ``id``, and ``{"kind": "event", …, "done": true}`` for
+an event recorded after the fact (a noop, a setattr already applied).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Objects are the previous bytes of files that rwfs replaced or removed. They enter the store
 by hard link of the old inode (no copy): a removed inode is first linked under
-``objects/incoming/<uuid>`` (a cheap syscall on the request path) and later hashed and moved
+``objects/incoming/<unique id>`` (a cheap syscall on the request path) and later hashed and moved
 to its digest name by the group committer, off the event loop.
 
 Everything here is blocking: callers run it in a worker thread.
@@ -12,13 +12,32 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import os
 import threading
-import uuid
 from typing import Any
 
 EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
 _CHUNK = 1 << 20
+
+
+_prefix = os.urandom(8).hex()
+_counter = itertools.count()
+
+
+def _reseed() -> None:
+    global _prefix, _counter
+    _prefix, _counter = os.urandom(8).hex(), itertools.count()
+
+
+os.register_at_fork(after_in_child=_reseed)
+
+
+def unique_id() -> str:
+    """32 hex digits that no other call returns, in this process or any other: a random
+    prefix per process and a counter. (uuid4 costs a getrandom() each; a new file takes
+    several ids, some on the request path.)"""
+    return f"{_prefix}{next(_counter):016x}"
 
 
 def digest_fd(fd: int) -> tuple[str, int]:
@@ -186,7 +205,7 @@ class ObjectStore:
 
     def adopt(self, dir_fd: int, path: bytes) -> bytes:
         """Link the inode at ``path`` into ``incoming/``; returns its incoming name."""
-        name = uuid.uuid4().hex.encode()
+        name = unique_id().encode()
         os.link(path, name, src_dir_fd=dir_fd, dst_dir_fd=self.incoming_fd, follow_symlinks=False)
         return name
 
@@ -211,7 +230,7 @@ class ObjectStore:
         digest = digest_bytes(data)
         if self.exists(digest):
             return digest
-        tmp = uuid.uuid4().hex.encode()
+        tmp = unique_id().encode()
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400, dir_fd=self.incoming_fd)
         try:
             os.write(out, data)
@@ -236,7 +255,7 @@ class ObjectStore:
         """Keep a copy of the bytes behind ``fd`` as ``digest`` (for inodes still in use)."""
         if self.exists(digest):
             return
-        tmp = uuid.uuid4().hex.encode()
+        tmp = unique_id().encode()
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400, dir_fd=self.incoming_fd)
         try:
             copy_fd(fd, out)

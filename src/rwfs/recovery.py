@@ -63,7 +63,7 @@ def _replay_intents(
             continue
         records = log.records(gen)
         say(f"recovery: intent log generation {gen}: {len(records)} records")
-        done = {r["id"] for r in records if r["kind"] == "done"}
+        done = {r["id"] for r in records if r["kind"] == "done" or r.get("done")}
         cancelled = {r["id"] for r in records if r["kind"] == "cancel"}
         # Commits: owed unless LMDB prepared their receipts. Namespace events: applied if
         # confirmed; one in flight at the crash only if the tree shows it happened.

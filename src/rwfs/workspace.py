@@ -19,7 +19,6 @@ import logging
 import os
 import stat
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +27,7 @@ import trio
 
 from . import faults, gates, parsers
 from .intents import IntentLog
-from .objects import EMPTY_DIGEST, ObjectStore, TrailingHash, copy_fd, digest_fd
+from .objects import EMPTY_DIGEST, ObjectStore, TrailingHash, copy_fd, digest_fd, unique_id
 from .policy import Policy
 from .store import Store, now_iso
 
@@ -169,7 +168,7 @@ class Commit:
     size: int
     info: dict[str, Any]
     owner: Any = None  # the caller's handle on the file (the FUSE layer's inode)
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = field(default_factory=unique_id)
     done: trio.Event = field(default_factory=trio.Event)  # settled and recorded
     # Set once the commit cannot be lost (stage synced, receipt in LMDB, renamed): a
     # writer waiting in fsync goes on then, while the commit record is written.
@@ -289,7 +288,7 @@ class Workspace:
     def _new_stage(self, source_fd: int, truncate: bool) -> Stage:
         fd, name = self._take_spare()
         if fd < 0:
-            name = uuid.uuid4().hex.encode()
+            name = unique_id().encode()
             flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
             fd = os.open(name, flags, 0o600, dir_fd=self.staging_fd)
         try:
@@ -316,7 +315,7 @@ class Workspace:
         other name) as a spare, under a name of its own in staging (committer thread)."""
         if st.st_nlink != 1 or len(self._spares) >= SPARES_MAX:
             return None
-        name = uuid.uuid4().hex.encode()
+        name = unique_id().encode()
         try:
             os.link(rel(path), name, src_dir_fd=self.root_fd, dst_dir_fd=self.staging_fd)
         except OSError:
@@ -364,7 +363,7 @@ class Workspace:
         """A stage for a file that does not exist yet (one a batch creates)."""
 
         def make() -> Stage:
-            name = uuid.uuid4().hex.encode()
+            name = unique_id().encode()
             flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
             fd = os.open(name, flags, 0o600, dir_fd=self.staging_fd)
             if os.geteuid() == 0:
@@ -609,7 +608,7 @@ class Workspace:
         """
         assert self.intents is not None
         item = Event({"ts": now_iso(), **event}, incoming)
-        item.id = uuid.uuid4().hex
+        item.id = unique_id()
         self.intents.append(
             {
                 "kind": "event",
@@ -633,8 +632,15 @@ class Workspace:
         self.intents.append({"kind": "cancel", "id": item.id})
 
     def record(self, event: dict[str, Any]) -> None:
-        """Journal an event that changes nothing in the tree (e.g. a noop)."""
-        self.confirm(self.announce(event))
+        """Journal an event that changes nothing in the tree (e.g. a noop), or a change
+        already applied (a setattr): one intent record, announced and done at once."""
+        assert self.intents is not None
+        item = Event({"ts": now_iso(), **event})
+        item.id = unique_id()
+        self.intents.append(
+            {"kind": "event", "id": item.id, "event": item.event, "incoming": None, "done": True}
+        )
+        self._enqueue(item)
 
     def _enqueue(self, item: Commit | Event) -> None:
         self._queue.append(item)
