@@ -25,7 +25,9 @@ rwfs_apt_install() {
 rwfs_venv() {
     # $1: pip extras ("" or "[test]")
     local venv="$RWFS_ROOT/.venv" stamp
-    stamp="$(sha256sum "$RWFS_ROOT/pyproject.toml" | cut -c1-16)$1"
+    # The C extension is built by the install: a change to it needs one too.
+    stamp="$(cat "$RWFS_ROOT/pyproject.toml" "$RWFS_ROOT/setup.py" "$RWFS_ROOT/src/rwfs/_fuseopen.c" \
+        | sha256sum | cut -c1-16)$1"
     if [ ! -x "$venv/bin/python" ]; then
         python3 -m venv "$venv"
     fi

@@ -19,6 +19,11 @@
  *   FUSE_CAP_AUTO_INVAL_DATA, so the kernel keeps a file's pages when its mtime moves.
  *   Without the writeback cache a write does not update the kernel's mtime, so with that
  *   capability the next stat after a write would drop every page the write just cached.
+ *   And it wraps write_buf: once rwfs has written through a handle into an open stage, it
+ *   registers the handle (fast_write); the handle's next writes go straight from the
+ *   request (spliced from /dev/fuse where libfuse can) into the stage file, with no Python
+ *   request task and no copy into a bytes object, as long as that stage is still the
+ *   inode's and not sealed. The stage's wrote() is still called for each.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -99,6 +104,92 @@ static void fsyncdir_w(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse
     inner.fsyncdir(req, ino, datasync, fi);
 }
 
+/* libfuse's, found at init (this module is loaded before libfuse). */
+static ssize_t (*lf_buf_copy)(struct fuse_bufvec *, struct fuse_bufvec *, enum fuse_buf_copy_flags);
+static size_t (*lf_buf_size)(const struct fuse_bufvec *);
+static int (*lf_reply_write)(fuse_req_t, size_t);
+static int (*lf_reply_err)(fuse_req_t, int);
+
+/* Handles whose writes go straight to their inode's stage. Only the loop's thread (the one
+ * that runs the session and registers handles) reads or changes this table. */
+#define FAST_SLOTS 64
+struct fast {
+    uint64_t fh; /* 0: a free slot */
+    PyObject *inode, *stage, *wrote;
+};
+static struct fast fast[FAST_SLOTS];
+static unsigned long long fast_writes;
+
+static struct fast *fast_find(uint64_t fh)
+{
+    for (int i = 0; i < FAST_SLOTS; i++)
+        if (fast[i].fh == fh)
+            return &fast[i];
+    return NULL;
+}
+
+static void fast_clear(struct fast *f)
+{
+    f->fh = 0;
+    Py_CLEAR(f->inode);
+    Py_CLEAR(f->stage);
+    Py_CLEAR(f->wrote);
+}
+
+/* The stage's descriptor while writes may go straight to it, else -1. */
+static int fast_fd(struct fast *f)
+{
+    int fd = -1;
+    PyObject *cur = PyObject_GetAttrString(f->inode, "stage");
+    if (cur == f->stage) {
+        PyObject *sealed = PyObject_GetAttrString(f->stage, "sealed");
+        PyObject *num = PyObject_GetAttrString(f->stage, "fd");
+        if (sealed == Py_False && num != NULL && PyLong_Check(num))
+            fd = (int)PyLong_AsLong(num);
+        Py_XDECREF(sealed);
+        Py_XDECREF(num);
+    }
+    Py_XDECREF(cur);
+    PyErr_Clear();
+    return fd;
+}
+
+static void write_buf_w(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, off_t off,
+                        struct fuse_file_info *fi)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    struct fast *f = fi->fh != 0 ? fast_find(fi->fh) : NULL;
+    int fd = f != NULL ? fast_fd(f) : -1;
+    if (fd < 0) {
+        if (f != NULL)
+            fast_clear(f);
+        PyGILState_Release(gil);
+        inner.write_buf(req, ino, bufv, off, fi);
+        return;
+    }
+    struct fuse_bufvec dst = FUSE_BUFVEC_INIT(lf_buf_size(bufv));
+    dst.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+    dst.buf[0].fd = fd;
+    dst.buf[0].pos = off;
+    ssize_t res;
+    /* No other thread closes an open stage's descriptor: only the loop drops stages. */
+    Py_BEGIN_ALLOW_THREADS
+    res = lf_buf_copy(&dst, bufv, 0);
+    Py_END_ALLOW_THREADS
+    if (res > 0) {
+        fast_writes++;
+        PyObject *r = PyObject_CallFunction(f->wrote, "LL", (long long)off, (long long)(off + res));
+        if (r == NULL)
+            PyErr_WriteUnraisable(f->wrote);
+        Py_XDECREF(r);
+    }
+    PyGILState_Release(gil);
+    if (res < 0)
+        lf_reply_err(req, (int)-res);
+    else
+        lf_reply_write(req, (size_t)res);
+}
+
 struct fuse_session *fuse_session_new(struct fuse_args *args,
                                       const struct fuse_lowlevel_ops *op, size_t op_size,
                                       void *userdata)
@@ -115,6 +206,8 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
         ops.fsyncdir = fsyncdir_w;
     if (ops.init != NULL)
         ops.init = init_w;
+    if (ops.write_buf != NULL)
+        ops.write_buf = write_buf_w;
     wrapped = 1;
     return libfuse_session_new(args, &ops, op_size, userdata);
 }
@@ -140,7 +233,53 @@ static PyObject *are_pages_kept(PyObject *self, PyObject *unused)
     return PyBool_FromLong(pages_kept);
 }
 
+static PyObject *fast_write(PyObject *self, PyObject *args)
+{
+    unsigned long long fh;
+    PyObject *inode, *stage;
+    if (!PyArg_ParseTuple(args, "KOO", &fh, &inode, &stage))
+        return NULL;
+    if (fh == 0 || !wrapped)
+        Py_RETURN_FALSE;
+    struct fast *f = fast_find(fh);
+    if (f == NULL)
+        f = fast_find(0);
+    if (f == NULL)
+        Py_RETURN_FALSE;
+    PyObject *wrote = PyObject_GetAttrString(stage, "wrote");
+    if (wrote == NULL)
+        return NULL;
+    fast_clear(f);
+    Py_INCREF(inode);
+    Py_INCREF(stage);
+    f->fh = fh;
+    f->inode = inode;
+    f->stage = stage;
+    f->wrote = wrote;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *fast_write_end(PyObject *self, PyObject *arg)
+{
+    unsigned long long fh = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    struct fast *f = fh != 0 ? fast_find(fh) : NULL;
+    if (f != NULL)
+        fast_clear(f);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fast_count(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(fast_writes);
+}
+
 static PyMethodDef methods[] = {
+    {"fast_write", fast_write, METH_VARARGS,
+     "fast_write(fh, inode, stage): this handle's writes go straight to the stage."},
+    {"fast_write_end", fast_write_end, METH_O, "The handle is released."},
+    {"fast_writes", fast_count, METH_NOARGS, "How many writes went straight to a stage."},
     {"keep_pages", set_keep_pages, METH_O, "Ask the kernel not to drop pages at a new mtime."},
     {"pages_kept", are_pages_kept, METH_NOARGS, "Whether the session asked it."},
     {"flagged", count, METH_NOARGS, "How many answers this module has flagged."},
@@ -159,8 +298,13 @@ PyMODINIT_FUNC PyInit__fuseopen(void)
     if (lib != NULL) {
         libfuse_reply_open = (reply_open_fn)dlsym(lib, "fuse_reply_open");
         libfuse_session_new = (session_new_fn)dlsym(lib, "fuse_session_new");
+        *(void **)&lf_buf_copy = dlsym(lib, "fuse_buf_copy");
+        *(void **)&lf_buf_size = dlsym(lib, "fuse_buf_size");
+        *(void **)&lf_reply_write = dlsym(lib, "fuse_reply_write");
+        *(void **)&lf_reply_err = dlsym(lib, "fuse_reply_err");
     }
-    if (libfuse_reply_open == NULL || libfuse_session_new == NULL) {
+    if (libfuse_reply_open == NULL || libfuse_session_new == NULL || lf_buf_copy == NULL ||
+        lf_buf_size == NULL || lf_reply_write == NULL || lf_reply_err == NULL) {
         PyErr_SetString(PyExc_ImportError, "libfuse3's functions were not found");
         return NULL;
     }

@@ -159,6 +159,7 @@ class Operations(pyfuse3.Operations):
         self._no_opendir = False
         self.control.live["no_opendir"] = lambda: self._no_opendir
         self.control.live["written_pages_kept"] = kernelflags.pages_kept
+        self.control.live["fast_writes"] = kernelflags.fast_written
         self.show_control = show_control
         self.timeout = timeout
         self.handles = Handles()
@@ -1239,6 +1240,10 @@ class Operations(pyfuse3.Operations):
         n = os.pwrite(i.stage.fd, buf, off)
         i.stage.wrote(off, off + n)
         h.dirty = True
+        # Until a commit point seals this stage, its next writes skip this method (they
+        # only call stage.wrote): see kernelflags. h.dirty stays set meanwhile: what they
+        # write is sealed by the commit that clears it.
+        kernelflags.fast_writes(fh, i, i.stage)
         return n
 
     @_guard()
@@ -1263,6 +1268,7 @@ class Operations(pyfuse3.Operations):
         h = self.handles.pop(fh)
         if not isinstance(h, Handle):
             return
+        kernelflags.fast_writes_end(fh)
         i = h.inode
         i.handles -= 1
         if i.handles == 0 and i.stage is not None and not i.stage.sealed:

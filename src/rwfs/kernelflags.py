@@ -9,7 +9,9 @@
 - when ``no_opendir()``, rwfs answers OPENDIR with ENOSYS: the kernel stops sending
   OPENDIR and RELEASEDIR and keeps every listing; a directory's readdir then carries
   ``DIR_INODE | inode`` as its handle (``dir_inode()``);
-- after ``keep_written_pages()``, the kernel keeps the pages a write cached.
+- after ``keep_written_pages()``, the kernel keeps the pages a write cached;
+- after ``fast_writes(fh, inode, stage)``, the handle's writes go straight into the stage
+  while it stays the inode's open stage (no Python request task, no bytes copy).
 
 When the extension is missing or pyfuse3 was loaded first, none of this happens and the
 kernel caches less. ``handle()`` strips marks from a handle number, should one ever come
@@ -74,3 +76,21 @@ def handle(fh: int) -> int:
 def flagged() -> int:
     """How many open answers carried flags so far."""
     return int(_fuseopen.flagged()) if ACTIVE else 0
+
+
+def fast_writes(fh: int, inode: object, stage: object) -> None:
+    """Let the handle's next writes go straight into ``stage`` (the extension checks, at
+    each, that it is still ``inode.stage`` and not sealed, and calls ``stage.wrote``)."""
+    if ACTIVE:
+        _fuseopen.fast_write(fh, inode, stage)
+
+
+def fast_writes_end(fh: int) -> None:
+    """The handle is released."""
+    if ACTIVE:
+        _fuseopen.fast_write_end(fh)
+
+
+def fast_written() -> int:
+    """How many writes went straight into a stage so far."""
+    return int(_fuseopen.fast_writes()) if ACTIVE else 0
