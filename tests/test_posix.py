@@ -15,6 +15,7 @@ import json
 import mmap
 import os
 import stat
+import struct
 import subprocess
 import time
 from collections.abc import Callable
@@ -826,6 +827,33 @@ def test_xattrs(roots: tuple[Path, Path]) -> None:
             b"D",
         ),
     )
+
+
+def test_a_write_clears_a_file_capability_set_while_the_file_is_open(
+    roots: tuple[Path, Path],
+) -> None:
+    """The kernel asks for security.capability before every write and removes it. Through
+    the mount, a handle's later writes skip rwfs's Python handler and so does that question
+    (the C extension reads it from the stage): a capability set meanwhile must still go."""
+    # vfs_cap_data, revision 2, effective: cap_net_raw (13) permitted.
+    cap = struct.pack("<5I", 0x02000001, 1 << 13, 0, 0, 0)
+
+    def run(root: Path) -> Any:
+        p = root / "tool"
+        p.write_bytes(b"#!/bin/sh\n")
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, b"a\n")
+            os.write(fd, b"b\n")
+            os.setxattr(p, "security.capability", cap)
+            set_while_open = os.getxattr(p, "security.capability") == cap
+            os.write(fd, b"c\n")
+            after_write = errname(lambda: os.getxattr(p, "security.capability"))
+        finally:
+            os.close(fd)
+        return set_while_open, after_write, p.read_bytes()
+
+    assert both(roots, run) == ("ok", (True, "ENODATA", b"#!/bin/sh\na\nb\nc\n"))
 
 
 def test_statvfs(roots: tuple[Path, Path]) -> None:

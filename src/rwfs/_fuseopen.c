@@ -23,7 +23,9 @@
  *   registers the handle (fast_write); the handle's next writes go straight from the
  *   request (spliced from /dev/fuse where libfuse can) into the stage file, with no Python
  *   request task and no copy into a bytes object, as long as that stage is still the
- *   inode's and not sealed. The stage's wrote() is still called for each.
+ *   inode's and not sealed. The stage's wrote() is still called for each. The kernel
+ *   asks for security.capability before each write: for such an inode it is read from
+ *   the stage here too (as Operations.getxattr would), in wrapped getxattr.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,7 +34,11 @@
 #include <fuse_lowlevel.h>
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/xattr.h>
 
 #define DIR_INODE (1ULL << 63)
 #define CACHE_DIR (1ULL << 62)
@@ -109,12 +115,15 @@ static ssize_t (*lf_buf_copy)(struct fuse_bufvec *, struct fuse_bufvec *, enum f
 static size_t (*lf_buf_size)(const struct fuse_bufvec *);
 static int (*lf_reply_write)(fuse_req_t, size_t);
 static int (*lf_reply_err)(fuse_req_t, int);
+static int (*lf_reply_xattr)(fuse_req_t, size_t);
+static int (*lf_reply_buf)(fuse_req_t, const char *, size_t);
 
 /* Handles whose writes go straight to their inode's stage. Only the loop's thread (the one
  * that runs the session and registers handles) reads or changes this table. */
 #define FAST_SLOTS 64
 struct fast {
     uint64_t fh; /* 0: a free slot */
+    uint64_t ino;
     PyObject *inode, *stage, *wrote;
 };
 static struct fast fast[FAST_SLOTS];
@@ -128,9 +137,18 @@ static struct fast *fast_find(uint64_t fh)
     return NULL;
 }
 
+static struct fast *fast_by_ino(uint64_t ino)
+{
+    for (int i = 0; i < FAST_SLOTS; i++)
+        if (fast[i].fh != 0 && fast[i].ino == ino)
+            return &fast[i];
+    return NULL;
+}
+
 static void fast_clear(struct fast *f)
 {
     f->fh = 0;
+    f->ino = 0;
     Py_CLEAR(f->inode);
     Py_CLEAR(f->stage);
     Py_CLEAR(f->wrote);
@@ -190,6 +208,27 @@ static void write_buf_w(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv
         lf_reply_write(req, (size_t)res);
 }
 
+static void getxattr_w(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    struct fast *f = strcmp(name, "security.capability") == 0 ? fast_by_ino(ino) : NULL;
+    int fd = f != NULL ? fast_fd(f) : -1;
+    PyGILState_Release(gil);
+    if (fd < 0) {
+        inner.getxattr(req, ino, name, size);
+        return;
+    }
+    char *buf = size > 0 ? malloc(size) : NULL;
+    ssize_t n = size > 0 && buf == NULL ? (errno = ENOMEM, -1) : fgetxattr(fd, name, buf, size);
+    if (n < 0)
+        lf_reply_err(req, errno);
+    else if (size == 0)
+        lf_reply_xattr(req, (size_t)n);
+    else
+        lf_reply_buf(req, buf, (size_t)n);
+    free(buf);
+}
+
 struct fuse_session *fuse_session_new(struct fuse_args *args,
                                       const struct fuse_lowlevel_ops *op, size_t op_size,
                                       void *userdata)
@@ -208,6 +247,8 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
         ops.init = init_w;
     if (ops.write_buf != NULL)
         ops.write_buf = write_buf_w;
+    if (ops.getxattr != NULL)
+        ops.getxattr = getxattr_w;
     wrapped = 1;
     return libfuse_session_new(args, &ops, op_size, userdata);
 }
@@ -235,9 +276,16 @@ static PyObject *are_pages_kept(PyObject *self, PyObject *unused)
 
 static PyObject *fast_write(PyObject *self, PyObject *args)
 {
-    unsigned long long fh;
+    unsigned long long fh, ino;
     PyObject *inode, *stage;
     if (!PyArg_ParseTuple(args, "KOO", &fh, &inode, &stage))
+        return NULL;
+    PyObject *num = PyObject_GetAttrString(inode, "ino");
+    if (num == NULL)
+        return NULL;
+    ino = PyLong_AsUnsignedLongLong(num);
+    Py_DECREF(num);
+    if (PyErr_Occurred())
         return NULL;
     if (fh == 0 || !wrapped)
         Py_RETURN_FALSE;
@@ -253,6 +301,7 @@ static PyObject *fast_write(PyObject *self, PyObject *args)
     Py_INCREF(inode);
     Py_INCREF(stage);
     f->fh = fh;
+    f->ino = ino;
     f->inode = inode;
     f->stage = stage;
     f->wrote = wrote;
@@ -302,9 +351,12 @@ PyMODINIT_FUNC PyInit__fuseopen(void)
         *(void **)&lf_buf_size = dlsym(lib, "fuse_buf_size");
         *(void **)&lf_reply_write = dlsym(lib, "fuse_reply_write");
         *(void **)&lf_reply_err = dlsym(lib, "fuse_reply_err");
+        *(void **)&lf_reply_xattr = dlsym(lib, "fuse_reply_xattr");
+        *(void **)&lf_reply_buf = dlsym(lib, "fuse_reply_buf");
     }
     if (libfuse_reply_open == NULL || libfuse_session_new == NULL || lf_buf_copy == NULL ||
-        lf_buf_size == NULL || lf_reply_write == NULL || lf_reply_err == NULL) {
+        lf_buf_size == NULL || lf_reply_write == NULL || lf_reply_err == NULL ||
+        lf_reply_xattr == NULL || lf_reply_buf == NULL) {
         PyErr_SetString(PyExc_ImportError, "libfuse3's functions were not found");
         return NULL;
     }
