@@ -208,14 +208,19 @@ def test_streamed_hash_matches_the_bytes_after_any_write_pattern(mount: Mount) -
     assert status["fast_writes"] > 40
 
 
+def mounted_beside(tmp_path: Path) -> tuple[Path, Path, Mount]:
+    """A workspace mounted at a separate mount point: its raw tree stays visible."""
+    ws, mp = tmp_path / "ws", tmp_path / "mnt"
+    ws.mkdir()
+    mp.mkdir()
+    return ws, mp, Mount(ws, mp).start()
+
+
 def test_a_commit_leaves_its_directorys_times_alone(tmp_path: Path) -> None:
     """Rewriting a file leaves its directory's times alone, as on a plain filesystem,
     though the commit renames a stage into the directory. Times set on the directory
     while a commit into it is queued (tar, cp -a) are kept; a new entry moves them."""
-    ws, mp = tmp_path / "ws", tmp_path / "mnt"
-    ws.mkdir()
-    mp.mkdir()
-    m = Mount(ws, mp).start()
+    ws, mp, m = mounted_beside(tmp_path)
 
     def sync() -> None:
         (mp / ".rw" / "ctl").write_text("sync\n")
@@ -250,10 +255,7 @@ def test_a_new_files_empty_inode_is_reused_as_a_later_stage(tmp_path: Path) -> N
     """A new file's first commit replaces the empty file its create made; rwfs keeps that
     inode for the next stage rather than freeing it (see Workspace._spare_link). The file
     the inode then becomes carries nothing of its past: no xattrs, its own mode, new times."""
-    ws, mp = tmp_path / "ws", tmp_path / "mnt"
-    ws.mkdir()
-    mp.mkdir()
-    m = Mount(ws, mp).start()
+    ws, mp, m = mounted_beside(tmp_path)
 
     def sync() -> None:
         (mp / ".rw" / "ctl").write_text("sync\n")
