@@ -336,8 +336,10 @@ class Workspace:
         c.spare = None
 
     def _take_spare(self) -> tuple[int, bytes]:
-        """(descriptor, name) of a spare made fresh: empty, no xattrs, times now; (-1, b"")
-        when there is none (worker thread: the deque is safe across threads)."""
+        """(descriptor, name) of a spare, empty and with no xattrs left; (-1, b"") when there
+        is none (worker thread: the deque is safe across threads). Its old times need no
+        reset: a stage is only made to be written or truncated, which sets its mtime, and
+        every commit reads it to hash it, which then sets its atime."""
         while True:
             try:
                 name = self._spares.popleft()
@@ -352,7 +354,6 @@ class Workspace:
                 for attr in os.listxattr(fd):
                     with contextlib.suppress(OSError):
                         os.removexattr(fd, attr)
-                os.utime(fd)
                 self.stats.count("spares_reused")
                 return fd, name
             os.close(fd)
