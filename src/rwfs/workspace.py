@@ -283,6 +283,10 @@ class Workspace:
 
     async def new_stage(self, source_fd: int, truncate: bool) -> Stage:
         """A stage for the file behind ``source_fd``: its bytes (or none, if truncating)."""
+        if os.fstat(source_fd).st_size == 0:
+            # Nothing to copy or hash (a new file's first write, an O_TRUNC create): a few
+            # metadata calls, cheaper here than a worker-thread hop.
+            return self._new_stage(source_fd, truncate)
         return await trio.to_thread.run_sync(self._new_stage, source_fd, truncate, limiter=_LIMIT)
 
     def _new_stage(self, source_fd: int, truncate: bool) -> Stage:
