@@ -605,8 +605,11 @@ class Workspace:
                 raise conflict_error(commit)
         return commit
 
-    def announce(self, event: dict[str, Any], incoming: bytes | None = None) -> Event:
-        """Log a namespace operation before it touches the tree (see ``confirm``/``cancel``).
+    def announce(
+        self, event: dict[str, Any], incoming: bytes | None = None, done: bool = False
+    ) -> Event:
+        """Log a namespace operation before it touches the tree (see ``confirm``/``cancel``);
+        with ``done``, one that already happened, in the same record (see ``record``).
 
         Recovery applies a logged operation that was confirmed, skips one that was
         cancelled, and for one in flight at the crash checks the tree (recovery.py).
@@ -614,14 +617,13 @@ class Workspace:
         assert self.intents is not None
         item = Event({"ts": now_iso(), **event}, incoming)
         item.id = unique_id()
-        self.intents.append(
-            {
-                "kind": "event",
-                "id": item.id,
-                "event": item.event,
-                "incoming": incoming and incoming.decode(),
-            }
-        )
+        rec: dict[str, Any] = {
+            "kind": "event",
+            "id": item.id,
+            "event": item.event,
+            "incoming": incoming and incoming.decode(),
+        }
+        self.intents.append({**rec, "done": True} if done else rec)
         return item
 
     def confirm(self, item: Event, hash_fd: int | None = None) -> None:
@@ -639,13 +641,7 @@ class Workspace:
     def record(self, event: dict[str, Any]) -> None:
         """Journal an event that changes nothing in the tree (e.g. a noop), or a change
         already applied (a setattr): one intent record, announced and done at once."""
-        assert self.intents is not None
-        item = Event({"ts": now_iso(), **event})
-        item.id = unique_id()
-        self.intents.append(
-            {"kind": "event", "id": item.id, "event": item.event, "incoming": None, "done": True}
-        )
-        self._enqueue(item)
+        self._enqueue(self.announce(event, done=True))
 
     def _enqueue(self, item: Commit | Event) -> None:
         self._queue.append(item)
