@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -288,3 +290,71 @@ def test_a_new_files_empty_inode_is_reused_as_a_later_stage(tmp_path: Path) -> N
     finally:
         m.stop()
     check_clean(m)
+
+
+def _fallocate(fd: int, mode: int, off: int, length: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.fallocate(fd, mode, ctypes.c_long(off), ctypes.c_long(length)) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def test_fallocate_is_a_journaled_change_committed_at_close(mount: Mount) -> None:
+    f = mount.path / "notes.txt"
+    old = b"line\n" * 2000
+    f.write_bytes(old)
+
+    def writes() -> list[tuple[str, str]]:
+        events = journal(mount)
+        return [(e["expected"], e["intended"]) for e in events if e["op"] == "write"]
+
+    fd = os.open(f, os.O_RDWR)
+    try:
+        _fallocate(fd, 0x01 | 0x02, 0, 4096)  # KEEP_SIZE | PUNCH_HOLE
+        assert writes() == [(sha(b""), sha(old))]  # staged until the commit point
+    finally:
+        os.close(fd)
+    new = b"\0" * 4096 + old[4096:]
+    assert f.read_bytes() == new
+    assert writes() == [(sha(b""), sha(old)), (sha(old), sha(new))]
+
+
+def test_fallocate_that_breaks_a_file_is_refused_at_close(mount: Mount) -> None:
+    f = mount.path / "mod.py"
+    old = b"def f():\n    return 1\n"
+    f.write_bytes(old)
+    fd = os.open(f, os.O_RDWR)
+    os.posix_fallocate(fd, 0, 4096)  # pads the file with NUL bytes: it no longer parses
+    with pytest.raises(OSError) as refused:
+        os.close(fd)
+    assert refused.value.errno == errno.EBADMSG
+    assert f.read_bytes() == old
+    drafts = os.listdir(mount.path / ".rw" / "rejected")
+    assert any(
+        (mount.path / ".rw" / "rejected" / d).read_bytes() == old + b"\0" * (4096 - len(old))
+        for d in drafts
+    )
+
+
+def test_fallocate_and_seek_on_control_files(mount: Mount) -> None:
+    policy = mount.path / ".rw" / "policy.toml"
+    text = policy.read_bytes()
+    fd = os.open(policy, os.O_RDWR)
+    try:
+        with pytest.raises(OSError) as exc:
+            _fallocate(fd, 0, 0, 10)
+        assert exc.value.errno == errno.EOPNOTSUPP
+    finally:
+        os.close(fd)
+    assert policy.read_bytes() == text
+    fd = os.open(mount.path / ".rw" / "README", os.O_RDONLY)
+    try:
+        size = len(os.read(fd, 1 << 20))  # control files report size 0 and read as /proc's
+        assert size > 5
+        assert os.lseek(fd, 5, os.SEEK_DATA) == 5
+        assert os.lseek(fd, 5, os.SEEK_HOLE) == size
+        with pytest.raises(OSError) as exc:
+            os.lseek(fd, size, os.SEEK_DATA)
+        assert exc.value.errno == errno.ENXIO
+    finally:
+        os.close(fd)

@@ -28,11 +28,18 @@ from conftest import Mount
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def renameat2(src: Path | bytes, dst: Path | bytes, flags: int) -> None:
     if _libc.renameat2(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def fallocate(fd: int, mode: int, off: int, length: int) -> None:
+    if _libc.fallocate(fd, mode, ctypes.c_long(off), ctypes.c_long(length)) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
 
@@ -1097,6 +1104,58 @@ def test_time_of_write_is_now(roots: tuple[Path, Path]) -> None:
         return st.st_mtime_ns >= start - 10**9 and st.st_mtime_ns <= time.time_ns() + 10**9
 
     assert both(roots, run) == ("ok", True)
+
+
+def test_fallocate_modes_and_seek_data_hole(roots: tuple[Path, Path]) -> None:
+    def run(root: Path) -> Any:
+        p = root / "f.bin"
+        p.write_bytes(b"x" * 100_000)
+        fd = os.open(p, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, 200_000)  # grows the file with zeros
+            grown = os.fstat(fd).st_size, os.pread(fd, 4, 99_998)
+            fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 1 << 20)  # preallocates only
+            kept = os.fstat(fd).st_size
+            fallocate(fd, FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE, 8192, 16384)
+            punched = os.pread(fd, 8, 8188), os.pread(fd, 8, 24572)
+            seeks = tuple(
+                os.lseek(fd, off, w)
+                for off, w in ((0, os.SEEK_DATA), (0, os.SEEK_HOLE), (8192, os.SEEK_DATA))
+            )
+            fallocate(fd, FALLOC_FL_ZERO_RANGE, 0, 10)
+            fallocate(fd, FALLOC_FL_ZERO_RANGE, 199_990, 20)  # grows by 10
+            beyond = errname(lambda: os.lseek(fd, 300_000, os.SEEK_DATA))
+            bad = errname(lambda: fallocate(fd, FALLOC_FL_PUNCH_HOLE, 0, 10))  # needs KEEP_SIZE
+        finally:
+            os.close(fd)
+        ro = os.open(p, os.O_RDONLY)
+        try:
+            not_writable = errname(lambda: os.posix_fallocate(ro, 0, 10))
+        finally:
+            os.close(ro)
+        return grown, kept, punched, seeks, beyond, bad, not_writable, p.read_bytes()[:12]
+
+    grown, kept, punched, seeks, beyond, bad, not_writable, head = both(roots, run)[1]
+    assert grown == (200_000, b"xx\0\0") and kept == 200_000
+    assert punched == (b"xxxx\0\0\0\0", b"\0\0\0\0xxxx")
+    assert seeks == (0, 8192, 24576)
+    assert (beyond, bad, not_writable) == ("ENXIO", errno.errorcode[errno.EOPNOTSUPP], "EBADF")
+    assert head == b"\0" * 10 + b"xx"
+    assert os.stat(roots[0] / "f.bin").st_size == 200_010
+
+
+def test_fallocate_of_a_hard_linked_file_changes_it_in_place(roots: tuple[Path, Path]) -> None:
+    def run(root: Path) -> Any:
+        (root / "a").write_bytes(b"y" * 10_000)
+        os.link(root / "a", root / "b")
+        fd = os.open(root / "b", os.O_WRONLY)
+        try:
+            fallocate(fd, FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE, 0, 4096)
+        finally:
+            os.close(fd)
+        return (root / "a").read_bytes()
+
+    assert both(roots, run)[1] == b"\0" * 4096 + b"y" * (10_000 - 4096)
 
 
 def test_sparse_file_stays_sparse_after_a_journaled_rewrite(mount: Mount, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-/* Kernel caches that pyfuse3 cannot ask for.
+/* What pyfuse3 cannot ask libfuse for: kernel caches, direct writes, fallocate, lseek.
  *
  * Loaded with RTLD_GLOBAL before pyfuse3 (see kernelflags.py), this module's definitions
  * of two libfuse functions are the ones pyfuse3 calls:
@@ -26,6 +26,9 @@
  *   inode's and not sealed. The stage's wrote() is still called for each. The kernel
  *   asks for security.capability before each write: for such an inode it is read from
  *   the stage here too (as Operations.getxattr would), in wrapped getxattr.
+ *   And it adds fallocate and lseek (SEEK_DATA, SEEK_HOLE), which pyfuse3 does not offer:
+ *   each request is handed to the Python function serve() registered, with a token that
+ *   rwfs answers once, now or later, with reply_err() or reply_offset().
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,6 +38,8 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +122,7 @@ static int (*lf_reply_write)(fuse_req_t, size_t);
 static int (*lf_reply_err)(fuse_req_t, int);
 static int (*lf_reply_xattr)(fuse_req_t, size_t);
 static int (*lf_reply_buf)(fuse_req_t, const char *, size_t);
+static int (*lf_reply_lseek)(fuse_req_t, off_t);
 
 /* Handles whose writes go straight to their inode's stage. Only the loop's thread (the one
  * that runs the session and registers handles) reads or changes this table. */
@@ -229,6 +235,72 @@ static void getxattr_w(fuse_req_t req, fuse_ino_t ino, const char *name, size_t 
     free(buf);
 }
 
+/* Requests handed to rwfs's serve() and not answered yet. A token is the request's
+ * address; reply_*() answers only a request listed here, so a token answered twice or
+ * never given is refused instead of reaching libfuse. */
+#define PENDING_MAX 256
+static fuse_req_t pending[PENDING_MAX];
+static PyObject *serve_cb;
+
+static void hand_over(fuse_req_t req, const char *fmt, ...)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int slot = -1;
+    for (int i = 0; i < PENDING_MAX && slot < 0; i++)
+        if (pending[i] == NULL)
+            slot = i;
+    /* Never ENOSYS: the kernel would stop sending the operation for good. */
+    int err = serve_cb == NULL ? EOPNOTSUPP : slot < 0 ? EBUSY : 0;
+    if (err == 0) {
+        pending[slot] = req;
+        va_list ap;
+        va_start(ap, fmt);
+        PyObject *args = Py_VaBuildValue(fmt, ap);
+        va_end(ap);
+        PyObject *r = args != NULL ? PyObject_CallObject(serve_cb, args) : NULL;
+        Py_XDECREF(args);
+        if (r == NULL) {
+            PyErr_WriteUnraisable(serve_cb);
+            if (pending[slot] == req) {
+                pending[slot] = NULL;
+                err = EIO;
+            }
+        }
+        Py_XDECREF(r);
+    }
+    PyGILState_Release(gil);
+    if (err != 0)
+        lf_reply_err(req, err);
+}
+
+static void fallocate_w(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t length,
+                        struct fuse_file_info *fi)
+{
+    hand_over(req, "(KsKKiLL)", (unsigned long long)(uintptr_t)req, "fallocate",
+              (unsigned long long)ino, (unsigned long long)fi->fh, mode, (long long)off,
+              (long long)length);
+}
+
+static void lseek_w(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+                    struct fuse_file_info *fi)
+{
+    hand_over(req, "(KsKKLi)", (unsigned long long)(uintptr_t)req, "lseek",
+              (unsigned long long)ino, (unsigned long long)fi->fh, (long long)off, whence);
+}
+
+/* The pending request a token names, taken off the list; NULL (and an exception) if none. */
+static fuse_req_t take_pending(unsigned long long token)
+{
+    for (int i = 0; i < PENDING_MAX; i++)
+        if (pending[i] != NULL && (uintptr_t)pending[i] == token) {
+            fuse_req_t req = pending[i];
+            pending[i] = NULL;
+            return req;
+        }
+    PyErr_SetString(PyExc_ValueError, "no request is waiting for this token");
+    return NULL;
+}
+
 struct fuse_session *fuse_session_new(struct fuse_args *args,
                                       const struct fuse_lowlevel_ops *op, size_t op_size,
                                       void *userdata)
@@ -249,6 +321,8 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
         ops.write_buf = write_buf_w;
     if (ops.getxattr != NULL)
         ops.getxattr = getxattr_w;
+    ops.fallocate = fallocate_w;
+    ops.lseek = lseek_w;
     wrapped = 1;
     return libfuse_session_new(args, &ops, op_size, userdata);
 }
@@ -324,7 +398,58 @@ static PyObject *fast_count(PyObject *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(fast_writes);
 }
 
+static PyObject *serve(PyObject *self, PyObject *cb)
+{
+    Py_XSETREF(serve_cb, cb == Py_None ? NULL : Py_NewRef(cb));
+    Py_RETURN_NONE;
+}
+
+static PyObject *reply_err(PyObject *self, PyObject *args)
+{
+    unsigned long long token;
+    int err;
+    if (!PyArg_ParseTuple(args, "Ki", &token, &err))
+        return NULL;
+    fuse_req_t req = take_pending(token);
+    if (req == NULL)
+        return NULL;
+    lf_reply_err(req, err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *reply_offset(PyObject *self, PyObject *args)
+{
+    unsigned long long token;
+    long long off;
+    if (!PyArg_ParseTuple(args, "KL", &token, &off))
+        return NULL;
+    fuse_req_t req = take_pending(token);
+    if (req == NULL)
+        return NULL;
+    lf_reply_lseek(req, (off_t)off);
+    Py_RETURN_NONE;
+}
+
+static PyObject *do_fallocate(PyObject *self, PyObject *args)
+{
+    int fd, mode, res;
+    long long off, length;
+    if (!PyArg_ParseTuple(args, "iiLL", &fd, &mode, &off, &length))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    res = fallocate(fd, mode, (off_t)off, (off_t)length);
+    Py_END_ALLOW_THREADS
+    if (res != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"serve", serve, METH_O,
+     "serve(fn): fn(token, op, ino, fh, *args) gets each fallocate and lseek request."},
+    {"reply_err", reply_err, METH_VARARGS, "reply_err(token, errno): answer (0: success)."},
+    {"reply_offset", reply_offset, METH_VARARGS, "reply_offset(token, off): answer an lseek."},
+    {"fallocate", do_fallocate, METH_VARARGS, "fallocate(fd, mode, offset, length)."},
     {"fast_write", fast_write, METH_VARARGS,
      "fast_write(fh, inode, stage): this handle's writes go straight to the stage."},
     {"fast_write_end", fast_write_end, METH_O, "The handle is released."},
@@ -337,7 +462,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_fuseopen", "fuse_reply_open with cache_readdir and noflush.",
+    PyModuleDef_HEAD_INIT, "_fuseopen",
+    "What pyfuse3 cannot ask libfuse for (see kernelflags.py).",
     -1, methods,
 };
 
@@ -353,10 +479,11 @@ PyMODINIT_FUNC PyInit__fuseopen(void)
         *(void **)&lf_reply_err = dlsym(lib, "fuse_reply_err");
         *(void **)&lf_reply_xattr = dlsym(lib, "fuse_reply_xattr");
         *(void **)&lf_reply_buf = dlsym(lib, "fuse_reply_buf");
+        *(void **)&lf_reply_lseek = dlsym(lib, "fuse_reply_lseek");
     }
     if (libfuse_reply_open == NULL || libfuse_session_new == NULL || lf_buf_copy == NULL ||
         lf_buf_size == NULL || lf_reply_write == NULL || lf_reply_err == NULL ||
-        lf_reply_xattr == NULL || lf_reply_buf == NULL) {
+        lf_reply_xattr == NULL || lf_reply_buf == NULL || lf_reply_lseek == NULL) {
         PyErr_SetString(PyExc_ImportError, "libfuse3's functions were not found");
         return NULL;
     }

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import functools
 import logging
+import math
 import os
 import stat
 import time
@@ -26,13 +27,18 @@ from .batches import Batches
 from .control import CDir, CFile, Control
 from .inodes import ROOT, Inode, InodeTable
 from .objects import EMPTY_DIGEST
-from .workspace import Commit, RwfsError, Workspace, fsdecode, rel, renameat2
+from .workspace import Commit, RwfsError, Stage, Workspace, fsdecode, rel, renameat2
 
 log = logging.getLogger("rwfs.fs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 # How long the mount must go without a request before it parses the file last read.
 PRIME_AFTER_IDLE = 0.05
+
+# fallocate(2) modes (linux/falloc.h); the kernel sends FUSE only these three.
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_ZERO_RANGE = 0x10
 
 
 def _guard(quiet: bool = False) -> Callable[[F], F]:
@@ -1229,22 +1235,86 @@ class Operations(pyfuse3.Operations):
             return len(buf)
         assert isinstance(h, Handle)
         i = h.inode
-        # Decided at each write, not at open: a file hard-linked since it was opened must
-        # be written in place, or the commit's rename would split the link.
-        if i.stage is None and not i.unlinked and not self._journaled(i.path, os.fstat(i.fd)):
-            self._open_backing(i, writable=True)
+        stage = await self._to_change(i)
+        if stage is None:
             return os.pwrite(i.fd, buf, off)
-        if i.stage is None or i.stage.sealed:
-            await self._ensure_stage(i)
-        assert i.stage is not None
-        n = os.pwrite(i.stage.fd, buf, off)
-        i.stage.wrote(off, off + n)
+        n = os.pwrite(stage.fd, buf, off)
+        stage.wrote(off, off + n)
         h.dirty = True
         # Until a commit point seals this stage, its next writes skip this method (they
         # only call stage.wrote): see kernelflags. h.dirty stays set meanwhile: what they
         # write is sealed by the commit that clears it.
-        kernelflags.fast_writes(fh, i, i.stage)
+        kernelflags.fast_writes(fh, i, stage)
         return n
+
+    async def _to_change(self, i: Inode) -> Stage | None:
+        """The open stage a change to the file's bytes goes to; None: the file is changed
+        in place, through its backing descriptor (opened for writing)."""
+        # Decided at each change, not at open: a file hard-linked since it was opened must
+        # be written in place, or the commit's rename would split the link.
+        if i.stage is None and not i.unlinked and not self._journaled(i.path, os.fstat(i.fd)):
+            self._open_backing(i, writable=True)
+            return None
+        if i.stage is None or i.stage.sealed:
+            await self._ensure_stage(i)
+        assert i.stage is not None
+        return i.stage
+
+    # ---- requests pyfuse3 has no method for (kernelflags.serve) ----
+
+    async def serve_requests(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Answer the kernel's fallocate and lseek requests, which the extension hands
+        over; started before the mount serves its first request."""
+        send, receive = trio.open_memory_channel[tuple[Any, ...]](math.inf)
+        kernelflags.serve(lambda *request: send.send_nowait(request))
+        task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                async for request in receive:
+                    nursery.start_soon(self._answer, *request)
+        finally:
+            kernelflags.serve(None)
+
+    async def _answer(self, token: int, op: str, ino: int, fh: int, *args: int) -> None:
+        try:
+            if op == "fallocate":
+                await self.fallocate(fh, *args)
+                kernelflags.reply(token)
+            else:
+                kernelflags.reply(token, offset=await self.lseek(fh, *args))
+        except pyfuse3.FUSEError as exc:
+            kernelflags.reply(token, exc.errno)
+
+    @_guard()
+    async def fallocate(self, fh: int, mode: int, off: int, length: int) -> None:
+        """A change of the file's bytes like a write: a journaled file's goes to its stage
+        and is committed at the handle's next commit point."""
+        h = self.handles.get(fh)
+        if not isinstance(h, Handle):
+            raise pyfuse3.FUSEError(errno.EOPNOTSUPP)  # a control file's text is in memory
+        stage = await self._to_change(h.inode)
+        if stage is None:
+            kernelflags.fallocate(h.inode.fd, mode, off, length)
+            return
+        size = os.fstat(stage.fd).st_size
+        kernelflags.fallocate(stage.fd, mode, off, length)
+        # Only preallocation (KEEP_SIZE alone) leaves every byte as it was.
+        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) or not mode & FALLOC_FL_KEEP_SIZE:
+            stage.wrote(min(off, size), off + length)
+            h.dirty = True
+
+    @_guard()
+    async def lseek(self, fh: int, off: int, whence: int) -> int:
+        """SEEK_DATA and SEEK_HOLE (the kernel answers the other whences itself)."""
+        h = self.handles.get(fh)
+        if isinstance(h, Handle):
+            i = h.inode
+            # rwfs reads and writes with pread/pwrite: this descriptor's offset is unused.
+            return os.lseek(i.stage.fd if i.stage is not None else i.fd, off, whence)
+        size = len(h.data) if isinstance(h, ControlHandle) else 0
+        if off >= size:
+            raise pyfuse3.FUSEError(errno.ENXIO)
+        return off if whence == os.SEEK_DATA else size
 
     @_guard()
     async def flush(self, fh: int) -> None:

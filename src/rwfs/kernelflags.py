@@ -1,4 +1,4 @@
-"""Kernel caches that pyfuse3 cannot ask for (see ``_fuseopen.c``).
+"""What pyfuse3 cannot ask libfuse for: kernel caches and more (see ``_fuseopen.c``).
 
 ``rwfs.cli`` imports this module before anything imports pyfuse3. It loads the
 ``_fuseopen`` extension with RTLD_GLOBAL, so that pyfuse3, loaded after it, calls its
@@ -11,7 +11,9 @@
   ``DIR_INODE | inode`` as its handle (``dir_inode()``);
 - after ``keep_written_pages()``, the kernel keeps the pages a write cached;
 - after ``fast_writes(fh, inode, stage)``, the handle's writes go straight into the stage
-  while it stays the inode's open stage (no Python request task, no bytes copy).
+  while it stays the inode's open stage (no Python request task, no bytes copy);
+- after ``serve(fn)``, the kernel's fallocate and lseek (SEEK_DATA, SEEK_HOLE) requests,
+  which pyfuse3 has no method for, reach ``fn``; each is answered once with ``reply()``.
 
 When the extension is missing or pyfuse3 was loaded first, none of this happens and the
 kernel caches less. ``handle()`` strips marks from a handle number, should one ever come
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 _too_late = "pyfuse3" in sys.modules  # already bound to libfuse's fuse_reply_open
 try:
@@ -94,3 +97,27 @@ def fast_writes_end(fh: int) -> None:
 def fast_written() -> int:
     """How many writes went straight into a stage so far."""
     return int(_fuseopen.fast_writes()) if ACTIVE else 0
+
+
+def serve(fn: Callable[..., None] | None) -> bool:
+    """Hand the kernel's fallocate and lseek requests to ``fn(token, op, ino, fh, *args)``
+    (op "fallocate": mode, offset, length; op "lseek": offset, whence), on the loop's
+    thread. ``fn`` must not block: it answers, now or from a task, with ``reply()``.
+    False when the extension is not active (the kernel then falls back on its own)."""
+    if not ACTIVE:
+        return False
+    _fuseopen.serve(fn)
+    return True
+
+
+def reply(token: int, err: int = 0, offset: int | None = None) -> None:
+    """Answer a request ``serve()`` handed over: an errno (0: success) or an lseek offset."""
+    if offset is not None and not err:
+        _fuseopen.reply_offset(token, offset)
+    else:
+        _fuseopen.reply_err(token, err)
+
+
+def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    """fallocate(2) with its mode, which the os module does not offer."""
+    _fuseopen.fallocate(fd, mode, offset, length)

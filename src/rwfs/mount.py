@@ -164,6 +164,7 @@ async def _main(ws: Workspace, ops: Operations) -> None:
         nursery.start_soon(ws.run_committer)
         nursery.start_soon(ops.run_primer)
         nursery.start_soon(_on_signals)
+        await nursery.start(ops.serve_requests)
         await pyfuse3.main()
         # Unmounted: finish every queued commit before the process ends.
         await ws.close()
