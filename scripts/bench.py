@@ -10,9 +10,11 @@ all measured in the same run. Timings belong here, never in tests.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import statistics
@@ -28,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MODES = ("native", "group", "strict")
+FLOOR_CALLS = 20_000
+SCRIPTS = Path(__file__).resolve().parent
 MIN_TREE_FILES = 3000
 GREP_WORD = "Guido"
 GIT = [
@@ -407,10 +411,89 @@ def w_bigfile(env: Env) -> dict[str, float]:
     return {"big_write": t_write, "big_read": t_read, "big_reread": t_reread}
 
 
+def _getxattr_loop(path: Path) -> float:
+    """FLOOR_CALLS getxattr calls of an attribute ``path`` lacks: one FUSE request each
+    (after a first, untimed loop has cached the entry)."""
+
+    def loop() -> None:
+        for _ in range(FLOOR_CALLS):
+            try:
+                os.getxattr(path, "user.rwfs-bench-missing")
+            except OSError as exc:
+                if exc.errno != errno.ENODATA:
+                    raise
+
+    loop()
+    return timed(loop)
+
+
+def c_floor(build: Path) -> float | None:
+    """The same loop against a minimal C libfuse server (scripts/fuse_floor.c) that
+    answers each request with nothing else: the round trip any FUSE filesystem pays here.
+    None (and a log line) when it cannot be built or mounted."""
+    exe = build / "fuse_floor"
+    if not exe.exists():
+        flags = subprocess.run(
+            ["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True
+        )
+        res = subprocess.run(
+            [
+                "cc",
+                "-O2",
+                "-o",
+                str(exe),
+                str(SCRIPTS / "fuse_floor.c"),
+                *shlex.split(flags.stdout),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if flags.returncode != 0 or res.returncode != 0:
+            log(f"fuse_floor.c did not build: {flags.stderr.strip()} {res.stderr.strip()}")
+            return None
+    point = Path(tempfile.mkdtemp(prefix="rwfs-bench-floor-", dir="/tmp"))
+    proc = subprocess.Popen([str(exe), str(point)], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(point):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log("fuse_floor did not mount")
+                return None
+            time.sleep(0.02)
+        return _getxattr_loop(point / "f")
+    finally:
+        if os.path.ismount(point):
+            if subprocess.run(["fusermount3", "-u", str(point)], capture_output=True).returncode:
+                subprocess.run(["fusermount3", "-u", "-z", str(point)], capture_output=True)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+        point.rmdir()
+
+
+def w_floor(env: Env) -> dict[str, float]:
+    f = env.dir / "f"
+    f.write_bytes(b"")
+    env.settle()
+    out = {"floor": _getxattr_loop(f)}
+    if env.mode == "native":
+        c = c_floor(env.tarball.parent)
+        if c is not None:
+            out["floor_c"] = c
+    return out
+
+
 def workloads(args: argparse.Namespace, tree_desc: str) -> list[Workload]:
     mb = args.size_mb
     size = f"{mb // 1024} GiB" if mb % 1024 == 0 else f"{mb} MiB"
     return [
+        Workload(
+            "floor",
+            [("floor", f"getxattr x{FLOOR_CALLS:,} (one request each)", None)],
+            w_floor,
+        ),
         Workload(
             "extract",
             [("extract", f"tar -xf ({tree_desc})", Target(4.0, ("group",)))],
@@ -550,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only",
         default="",
-        help="comma-separated workloads: extract,find,grep,git,small,small_fsync,big",
+        help="comma-separated workloads: floor,extract,find,grep,git,small,small_fsync,big",
     )
     ap.add_argument(
         "--modes", default=",".join(MODES), help="comma-separated of native,group,strict"
@@ -627,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
                 "small_fsync": "native also fsyncs each file",
             },
             "elapsed_s": round(time.time() - started, 1),
+            "floor_c": medians.get("floor_c", {}).get("native"),
             "workloads": [],
         }
         for wl in wls:
@@ -668,6 +752,14 @@ def main(argv: list[str] | None = None) -> int:
         " the fsync small-file row compares with\n       native fsyncing each file too; every"
         " cell used a fresh /tmp dir and mount."
     )
+    c = medians.get("floor_c", {}).get("native")
+    rw = medians.get("floor", {}).get("group")
+    if c is not None:
+        print(
+            f"floor: the getxattr loop against a minimal C libfuse server took {fmt_secs(c)}"
+            f" ({c / FLOOR_CALLS * 1e6:.0f} µs a request), the FUSE round trip on this"
+            " machine" + (f"; rwfs (group) took {rw / c:.2f}× that." if rw is not None else ".")
+        )
     return 0
 
 
