@@ -11,6 +11,7 @@ Everything here is blocking: callers run it in a worker thread.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import itertools
 import os
@@ -115,12 +116,31 @@ class TrailingHash:
             self._stopped.set()
 
 
-def copy_fd(src: int, dst: int) -> tuple[str, int]:
-    """Copy ``src`` into ``dst`` (both at offset 0) while hashing; returns (digest, size).
+# ioctl FICLONE (linux/fs.h): ``dst`` shares all of ``src``'s extents (a reflink).
+FICLONE = 0x40049409
+# What FICLONE fails with where the filesystem cannot share extents (ext4, tmpfs, ...) or
+# the two files are on different filesystems.
+_NO_CLONE = (errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS)
 
-    Holes stay holes: only data regions are written (SEEK_DATA/SEEK_HOLE), so a sparse
-    file's stage, and the file it is committed as, stay sparse.
+
+def copy_fd(src: int, dst: int) -> tuple[str, int]:
+    """Copy ``src`` into ``dst`` (an empty file) and hash it; returns (digest, size).
+
+    Where the filesystem shares extents (XFS, Btrfs), ``dst`` becomes a reflink of ``src``:
+    nothing is copied, and the digest is read from ``dst``, so it is that of the bytes it
+    holds. Elsewhere the bytes are copied here and hashed on the way. ``copy_file_range``
+    is not used: on ext4 it copies inside the kernel, and hashing the copy afterwards read
+    it once more, 8% slower than this. Holes stay holes: only data regions are written
+    (SEEK_DATA/SEEK_HOLE), so a sparse file's stage, and the file it is committed as, stay
+    sparse.
     """
+    try:
+        fcntl.ioctl(dst, FICLONE, src)
+    except OSError as exc:
+        if exc.errno not in _NO_CLONE:
+            raise
+    else:
+        return digest_fd(dst)
     h = hashlib.sha256()
     size = os.fstat(src).st_size
     off = 0
@@ -256,7 +276,7 @@ class ObjectStore:
         if self.exists(digest):
             return
         tmp = unique_id().encode()
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400, dir_fd=self.incoming_fd)
+        out = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o400, dir_fd=self.incoming_fd)
         try:
             copy_fd(fd, out)
             os.fsync(out)
