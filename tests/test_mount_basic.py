@@ -358,3 +358,23 @@ def test_fallocate_and_seek_on_control_files(mount: Mount) -> None:
         assert exc.value.errno == errno.ENXIO
     finally:
         os.close(fd)
+
+
+def test_every_journal_event_has_the_specs_fields(mount: Mount) -> None:
+    (mount.path / "d").mkdir()
+    (mount.path / "d" / "a.txt").write_text("a\n")
+    os.chmod(mount.path / "d" / "a.txt", 0o600)
+    os.symlink("a.txt", mount.path / "d" / "s")
+    os.rename(mount.path / "d", mount.path / "e")
+    (mount.path / "e" / "s").unlink()
+    (mount.path / "e" / "a.txt").unlink()
+    (mount.path / "e").rmdir()
+    events = journal(mount)
+    assert {e["op"] for e in events} >= {"mkdir", "create", "write", "setattr", "symlink"}
+    assert {e["op"] for e in events} >= {"rename", "unlink", "rmdir"}
+    fields = ("lsn", "ts", "op", "path", "batch", "expected", "intended", "size")
+    for e in events:  # SPEC §7.1: "at least" these, null where they do not apply
+        assert all(k in e for k in (*fields, "pid", "comm", "uid")), e
+    mkdir = next(e for e in events if e["op"] == "mkdir")
+    assert (mkdir["batch"], mkdir["expected"], mkdir["intended"], mkdir["size"]) == (None,) * 4
+    assert mkdir["pid"] == os.getpid()

@@ -12,7 +12,9 @@ values are listed here, and this docstring is the canonical reference for them.
                  generation whose receipts are prepared / whose events are all applied
                  (see ``intents.py``).
                  ``b"count:<name>"`` → u64 counters shown in ``.rw/status``.
-``events``     — u64 LSN (big-endian) → JSON event (SPEC §7.1), append-only.
+``events``     — u64 LSN (big-endian) → JSON event (SPEC §7.1), append-only; every event
+                 has ``lsn``, ``ts``, ``op``, ``path`` and the ``EVENT_KEYS`` (null where
+                 they do not apply).
 ``receipts``   — u64 receipt id → JSON receipt ``{id, batch, path, expected, intended,
                  state, stage, lsn, ts}``; ``state`` is ``prepared``, ``committed``,
                  ``conflict``, ``pending`` or ``aborted`` (an owed write an abort or a
@@ -63,6 +65,7 @@ from typing import Any
 import lmdb
 
 SCHEMA_VERSION = b"1"
+EVENT_KEYS = ("batch", "expected", "intended", "size", "pid", "comm", "uid")
 _U64 = struct.Struct(">Q")
 _DBS = (
     b"meta",
@@ -130,6 +133,8 @@ class Txn:
     def append_event(self, event: dict[str, Any]) -> int:
         lsn = self._next(b"lsn")
         event = {"lsn": lsn, "ts": event.pop("ts", None) or now_iso(), **event}
+        for key in EVENT_KEYS:  # every event has them, null where they do not apply
+            event.setdefault(key, None)
         self._t.put(u64(lsn), json.dumps(event).encode(), db=self._s.db[b"events"])
         return lsn
 
