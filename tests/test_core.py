@@ -346,3 +346,58 @@ def test_risk_prefilters_find_exactly_what_the_patterns_find() -> None:
     # Every family can be found at all (the pieces are not all near misses).
     one = b"".join(_RISK_PIECES[:2]) + b"Q" * 40 + b" john.doe@example.com 123-45-6789"
     assert {"api_key", "pii"} <= set(gates.risk(one)["detected_patterns"])
+
+
+def test_a_long_queue_starts_a_group_and_holds_writers_back(ws: Any, monkeypatch: Any) -> None:
+    # Each queued commit holds descriptors: the queue must stay bounded (SPEC §1).
+    import trio
+
+    from rwfs import workspace
+    from rwfs.workspace import Commit
+
+    monkeypatch.setattr(workspace, "QUEUE_URGENT", 2)
+    monkeypatch.setattr(workspace, "QUEUE_MAX", 3)
+    ws.policy.commit_interval_ms = 3_600_000  # only the queue's length can start a group
+    for i in range(5):
+        (ws.tree / f"f{i}").write_bytes(b"old")
+
+    async def commit(i: int, submitted: list[int]) -> None:
+        fd = os.open(ws.tree / f"f{i}", os.O_RDONLY)
+        try:
+            stage = await ws.new_stage(fd, truncate=True)
+        finally:
+            os.close(fd)
+        os.pwrite(stage.fd, b"new %d" % i, 0)
+        stage.sealed = True
+        intended, size, _ = await ws.seal(stage)
+        # An owner: a writer through the mount, which the queue holds back.
+        await ws.submit(Commit(b"f%d" % i, stage, intended, size, {}, owner=object()), False)
+        submitted.append(i)
+
+    async def main() -> None:
+        ws.open_intents()
+        submitted: list[int] = []
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                await commit(i, submitted)
+            assert ws.queued == 3 and ws._urgent.is_set()  # a group is due at once
+            nursery.start_soon(commit, 3, submitted)
+            await trio.sleep(0.2)
+            assert submitted == [0, 1, 2] and ws.queued == 3  # the fourth waits
+            nursery.start_soon(ws.run_committer)
+            with trio.fail_after(10):
+                while len(submitted) < 4:
+                    await trio.sleep(0.01)
+            assert ws.queued == 1  # a group took the first three
+            await commit(4, submitted)  # two queued: another group at once
+            with trio.fail_after(10):
+                while ws.queued:
+                    await trio.sleep(0.01)
+            await ws.close()
+            nursery.cancel_scope.cancel()
+        assert submitted == [0, 1, 2, 3, 4]
+
+    trio.run(main)
+    for i in range(5):
+        assert (ws.tree / f"f{i}").read_bytes() == b"new %d" % i
+    assert sorted(e["path"] for e in ws.store.events()) == [f"f{i}" for i in range(5)]

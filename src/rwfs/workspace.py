@@ -39,6 +39,13 @@ _LIMIT = trio.CapacityLimiter(4)
 TRAIL_FROM = 8 << 20
 # Empty inodes kept in the staging area for new stages (``_spare``), at most this many.
 SPARES_MAX = 512
+# A queued commit holds its stage's descriptor, and the FUSE layer keeps the file's own
+# open until it lands. With this many items queued the committer starts a group at once
+# instead of at the end of commit_interval_ms; with QUEUE_MAX, a writer's commit waits
+# until a group has taken the queue. So descriptors stay bounded (SPEC §1: this machine
+# allows 20,000) however fast files are written and however long the interval.
+QUEUE_URGENT = 512
+QUEUE_MAX = 2048
 
 
 def syncfs(fd: int) -> None:
@@ -215,6 +222,7 @@ class Workspace:
         self._queue: list[Commit | Event] = []
         self._has_work = trio.Event()
         self._urgent = trio.Event()
+        self._taken = trio.Event()  # set when a group takes the queue (QUEUE_MAX)
         self.commit_lock = trio.Lock()  # one writer of the tree's commits at a time
         self._closing = False
         self._inflight: list[Commit | Event] = []
@@ -577,6 +585,10 @@ class Workspace:
                 self.journal_ok = True
             except Exception as exc:
                 raise journal_unavailable(commit.path, str(exc)) from None
+        while commit.owner is not None and len(self._queue) >= QUEUE_MAX:
+            # A writer through the mount (rwfs's own commits may hold commit_lock here).
+            self._urgent.set()
+            await self._taken.wait()
         assert self.intents is not None
         self.intents.append(
             {
@@ -646,6 +658,8 @@ class Workspace:
     def _enqueue(self, item: Commit | Event) -> None:
         self._queue.append(item)
         self._has_work.set()
+        if len(self._queue) >= QUEUE_URGENT:
+            self._urgent.set()
 
     def _probe_journal(self) -> None:
         self.store.write(lambda txn: txn.set_meta_int(b"probe", 1))
@@ -687,6 +701,8 @@ class Workspace:
             return
         # atomic: take the queue and rotate the intent log together.
         group, self._queue = self._queue, []
+        self._taken.set()
+        self._taken = trio.Event()
         self._inflight = group
         self._has_work = trio.Event()
         assert self.intents is not None
