@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 ROOT = 1
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: a mount may know hundreds of thousands of them
 class Inode:
     ino: int
     paths: set[bytes]
@@ -37,13 +37,21 @@ class Inode:
     # Its last name was removed while open. Its backing inode may still be linked as a
     # kept object (the unlink's pre-image), so st_nlink must be reported as 0 by hand.
     unlinked: bool = False
-    lock: trio.Lock = field(default_factory=trio.Lock)
+    _lock: trio.Lock | None = field(default=None, init=False, repr=False)
     # Bumped at every commit point that changes what the mount shows, with the digest of
     # each recent version: stale-write detection compares a writer's last read with it.
     version: int = 0
     digests: dict[int, str | None] = field(default_factory=dict)
     # Created in an open batch: its bytes are only a stage, not (yet) a file of the tree.
     virtual: bool = False
+
+    @property
+    def lock(self) -> trio.Lock:
+        """Serialises the stage's creation and sealing; made at first use (most inodes are
+        only looked up and read)."""
+        if self._lock is None:
+            self._lock = trio.Lock()
+        return self._lock
 
     @property
     def path(self) -> bytes:
