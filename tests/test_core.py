@@ -84,6 +84,47 @@ def test_events_get_increasing_lsns_and_filter_by_path(tmp_path: Path) -> None:
     s.close()
 
 
+def test_events_are_read_in_chunks_without_losing_any(tmp_path: Path, monkeypatch: Any) -> None:
+    from rwfs import store
+
+    monkeypatch.setattr(store, "EVENTS_CHUNK", 4)
+    s = Store(str(tmp_path / "j"))
+    s.write(lambda txn: [txn.append_event({"op": "write", "path": "ab"[i % 2]}) for i in range(11)])
+    assert [e["lsn"] for e in s.events()] == list(range(1, 12))
+    assert [e["lsn"] for e in s.events(since=5)] == list(range(6, 12))
+    assert [e["lsn"] for e in s.events(path="b")] == [2, 4, 6, 8, 10]
+    assert [e["lsn"] for e in s.events(path="a", last=2)] == [9, 11]
+    assert [e["lsn"] for e in s.events(last=5)] == [7, 8, 9, 10, 11]
+    reader = s.events()
+    first = [next(reader)["lsn"] for _ in range(5)]
+    s.write(lambda txn: txn.append_event({"op": "write", "path": "c"}))  # meanwhile
+    assert first + [e["lsn"] for e in reader] == list(range(1, 13))
+    s.close()
+
+
+def test_refused_drafts_are_indexed_also_in_a_store_that_predates_the_index(
+    tmp_path: Path,
+) -> None:
+    s = Store(str(tmp_path / "j"))
+    refuse = {"op": "refuse", "path": "a.py", "draft": "d1", "intended": sha(b"x")}
+    s.write(lambda txn: txn.append_event({"op": "write", "path": "a.py"}))
+    s.write(lambda txn: txn.append_event(dict(refuse)))
+    assert s.refusals() == [{"path": "a.py", "draft": "d1", "intended": sha(b"x")}]
+
+    def forget(txn: Any) -> None:  # as a store written before the index existed
+        txn._t.drop(s.db[b"refused"], delete=False)
+        txn._t.delete(b"index:refused", db=s.db[b"meta"])
+
+    s.write(forget)
+    assert s.refusals() == []
+    s.close()
+    s = Store(str(tmp_path / "j"))
+    assert s.refusals() == [{"path": "a.py", "draft": "d1", "intended": sha(b"x")}]
+    s.write(lambda txn: txn.append_event({**refuse, "draft": "d2"}))
+    assert [r["draft"] for r in s.refusals()] == ["d1", "d2"]
+    s.close()
+
+
 def test_policy_rejects_bad_input_with_a_reason() -> None:
     assert Policy.parse(DEFAULT_TEXT).durability == "group"
     for text, word in [

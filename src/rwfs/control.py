@@ -154,9 +154,9 @@ class Control:
         self.verbs["gc"] = self._gc
         for layer in (scratch, chunks, handoff):  # the paper's other layers (SPEC §8)
             layer.install(self)
-        for ev in ws.store.events():  # drafts refused in earlier mounts stay listed
-            if ev["op"] == "refuse" and ev.get("draft"):
-                self._add_rejected(ev["draft"], ev["intended"])
+        for r in ws.store.refusals():  # drafts refused in earlier mounts stay listed
+            if r["draft"]:
+                self._add_rejected(r["draft"], r["intended"])
 
     def add(
         self,

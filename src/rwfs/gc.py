@@ -46,9 +46,8 @@ def needed(store: Store, history: History) -> set[str]:
         keep |= set(session["parts"].values())
     for h in store.records(b"handoffs"):
         keep.add(h["note"])
-    for ev in store.events():  # a refused draft is never lost (SPEC I5)
-        if ev["op"] == "refuse":
-            keep.add(ev.get("intended"))
+    for r in store.refusals():  # a refused draft is never lost (SPEC I5)
+        keep.add(r["intended"])
     history.refresh()
     for versions in history.paths.values():
         keep.add(versions[-1].digest)

@@ -42,6 +42,10 @@ values are listed here, and this docstring is the canonical reference for them.
                  ``parts`` maps ``part-NNN`` to the digest of its bytes (an object).
 ``handoffs``   — u64 id → JSON ``{id, ts, lsn, note, last_good_state}``: ``note`` is the
                  digest of the Markdown written; ``last_good_state`` lists ``{path, sha256}``.
+``refused``    — u64 LSN of a ``refuse`` event → JSON ``{path, draft, intended}``: the
+                 refused drafts (``.rw/rejected/``, kept by gc; ``draft`` may be null),
+                 so that a mount need not read every event for them. Built from ``events`` once, when a store that
+                 predates it is opened (``meta`` ``b"index:refused"`` marks it done).
 ``conflicts``  — u64 id → JSON ``{id, path, batch, expected, intended, actual, reason,
                  ts, state, resolution}``; ``state`` is ``open`` or ``resolved``.
 
@@ -54,6 +58,7 @@ requires it); callers run these calls through ``trio.to_thread``.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -81,7 +86,10 @@ _DBS = (
     b"scratch",
     b"chunks",
     b"handoffs",
+    b"refused",
 )
+# Events are read this many at a time, each batch in a read transaction of its own.
+EVENTS_CHUNK = 10_000
 
 
 class JournalUnavailable(Exception):
@@ -136,7 +144,13 @@ class Txn:
         for key in EVENT_KEYS:  # every event has them, null where they do not apply
             event.setdefault(key, None)
         self._t.put(u64(lsn), json.dumps(event).encode(), db=self._s.db[b"events"])
+        self._index(event)
         return lsn
+
+    def _index(self, event: dict[str, Any]) -> None:
+        if event["op"] == "refuse":
+            row = {k: event.get(k) for k in ("path", "draft", "intended")}
+            self._t.put(u64(event["lsn"]), json.dumps(row).encode(), db=self._s.db[b"refused"])
 
     def new_receipt(self, receipt: dict[str, Any]) -> int:
         rid = self._next(b"receipt")
@@ -289,6 +303,19 @@ class Store:
                     f"journal schema {found.decode()} is not {SCHEMA_VERSION.decode()}; "
                     "this rwfs cannot read it"
                 )
+        if self.meta_int(b"index:refused") == 0:
+            self._build_refused()
+
+    def _build_refused(self) -> None:
+        """Index the refusals of a store that predates the ``refused`` database."""
+        refused = [ev for ev in self.events() if ev["op"] == "refuse"]
+
+        def build(txn: Txn) -> None:
+            for ev in refused:
+                txn._index(ev)
+            txn.set_meta_int(b"index:refused", 1)
+
+        self.write(build)
 
     def close(self) -> None:
         self.env.close()
@@ -326,23 +353,45 @@ class Store:
     def events(
         self, since: int = 0, path: str | None = None, last: int | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Events with LSN > ``since`` in order; only ``last`` newest ones if given."""
-        with self.env.begin() as txn:
-            cur = txn.cursor(db=self.db[b"events"])
-            if last is not None and path is None:
+        """Events with LSN > ``since`` in order; only ``last`` newest ones if given.
+
+        Read ``EVENTS_CHUNK`` at a time, each batch in a short read transaction of its own,
+        so that a journal of millions of events is never all in memory (events appended
+        meanwhile are read too)."""
+        start = since + 1
+        if last is not None and path is None:
+            with self.env.begin() as txn:
+                cur = txn.cursor(db=self.db[b"events"])
                 if not cur.last():
                     return
-                start = max(since + 1, from_u64(cur.key()) - last + 1)
+                start = max(start, from_u64(cur.key()) - last + 1)
+        newest: collections.deque[dict[str, Any]] = collections.deque(maxlen=last)
+        while True:
+            with self.env.begin() as txn:
+                cur = txn.cursor(db=self.db[b"events"])
+                if not cur.set_range(u64(start)):
+                    break
+                chunk = []
+                for n, (key, raw) in enumerate(cur, 1):
+                    ev = json.loads(raw)
+                    if path is None or ev.get("path") == path or ev.get("dest") == path:
+                        chunk.append(ev)
+                    if n == EVENTS_CHUNK:
+                        start = from_u64(key) + 1
+                        break
+                else:
+                    start = 0  # read to the end
+            if last is None:
+                yield from chunk
             else:
-                start = since + 1
-            if not cur.set_range(u64(start)):
-                return
-            found = []
-            for _, raw in cur:
-                ev = json.loads(raw)
-                if path is None or ev.get("path") == path or ev.get("dest") == path:
-                    found.append(ev)
-        yield from found[-last:] if last is not None else found
+                newest.extend(chunk)
+            if start == 0:
+                break
+        yield from newest
+
+    def refusals(self) -> list[dict[str, Any]]:
+        """``{path, draft, intended}`` of every refused draft, oldest first."""
+        return self._all(b"refused")
 
     def unsettled(self) -> list[dict[str, Any]]:
         with self.env.begin() as txn:
