@@ -442,3 +442,51 @@ def test_a_long_queue_starts_a_group_and_holds_writers_back(ws: Any, monkeypatch
     for i in range(5):
         assert (ws.tree / f"f{i}").read_bytes() == b"new %d" % i
     assert sorted(e["path"] for e in ws.store.events()) == [f"f{i}" for i in range(5)]
+
+
+def test_the_committer_leaves_a_conflicted_stage_open_until_it_is_settled(
+    ws: Any, monkeypatch: Any
+) -> None:
+    # Until on_committed, the FUSE layer still reads a queued commit's stage: a thread
+    # that closed it gave readers EBADF (or, with the number reused, another file).
+    import trio
+
+    from rwfs.workspace import Commit, RwfsError
+
+    (ws.tree / "f").write_bytes(b"old")
+    in_thread: dict[str, Any] = {}
+    real_replace = ws._replace
+
+    def replace(c: Commit) -> None:
+        real_replace(c)
+        in_thread["outcome"], in_thread["fd"] = c.outcome, c.stage.fd
+        in_thread["open"] = c.stage.fd >= 0 and os.fstat(c.stage.fd).st_size == 3
+
+    monkeypatch.setattr(ws, "_replace", replace)
+    settled: list[tuple[str, int]] = []
+    ws.on_committed = lambda c: settled.append((c.outcome, c.stage.fd))
+
+    async def main() -> None:
+        ws.open_intents()
+        fd = os.open(ws.tree / "f", os.O_RDONLY)
+        try:
+            stage = await ws.new_stage(fd, truncate=True)
+        finally:
+            os.close(fd)
+        os.pwrite(stage.fd, b"new", 0)
+        stage.sealed = True
+        intended, size, _ = await ws.seal(stage)
+        (ws.tree / "f").write_bytes(b"changed meanwhile")  # the commit will conflict
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ws.run_committer)
+            with pytest.raises(RwfsError):
+                await ws.submit(Commit(b"f", stage, intended, size, {}), wait=True)
+            await ws.close()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert in_thread["outcome"] == "conflict" and in_thread["open"] is True
+    assert settled == [("conflict", -1)]  # dropped on the loop, as it was settled
+    assert os.listdir(ws.tree / ".rw" / "staging") == []
+    assert ws.objects.exists(sha(b"new"))  # the conflicting draft is kept
+    assert (ws.tree / "f").read_bytes() == b"changed meanwhile"

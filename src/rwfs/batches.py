@@ -14,7 +14,7 @@ so the real tree does not change. Each held draft is recorded in the batch's LMD
 
 Recovery (``recover``) classifies an interrupted batch's receipts by the §6.2 table and
 leaves one notice per batch, in the transaction that classifies it. Nothing here knows
-about FUSE; the FUSE layer learns about settled drafts through ``Workspace.on_committed``.
+about FUSE; the FUSE layer learns about settled drafts through ``Workspace.settle``.
 """
 
 from __future__ import annotations
@@ -374,7 +374,7 @@ class Batches:
             async with self.ws.commit_lock:
                 done = await trio.to_thread.run_sync(self.resume_now, batch, limiter=_LIMIT)
             for c in done:
-                self.ws.on_committed(c)  # the kernel's view of those paths is stale
+                self.ws.settle(c)  # the kernel's view of those paths is stale
 
     def resume_now(self, batch: Batch) -> list[Commit]:
         """``resume`` (blocking): owed entries become commits of their kept drafts."""
@@ -411,7 +411,7 @@ class Batches:
             async with self.ws.commit_lock:
                 done = await trio.to_thread.run_sync(self._rollback, batch, limiter=_LIMIT)
             for c in done:
-                self.ws.on_committed(c)
+                self.ws.settle(c)
 
     def _rollback(self, batch: Batch) -> list[Commit]:
         reverse = []
@@ -490,7 +490,7 @@ class Batches:
             async with self.ws.commit_lock:
                 await trio.to_thread.run_sync(self._apply, batch, commits, False, limiter=_LIMIT)
             for c in commits:
-                self.ws.on_committed(c)
+                self.ws.settle(c)
         conflicts = [c for c in commits if c.outcome == "conflict"]
         if conflicts or batch.state == INTERRUPTED:
             raise _err(
@@ -696,7 +696,7 @@ class Batches:
     def _settled(self, commit: Commit, outcome: str) -> None:
         commit.outcome = outcome
         commit.held = False
-        self.ws.on_committed(commit)
+        self.ws.settle(commit)
         commit.finish()
 
     async def _save(self, batch: Batch) -> None:
@@ -926,5 +926,6 @@ def _recover_committing(
 
     ws.store.write(write)
     if auto and batch.state == INTERRUPTED:
-        batches.resume_now(batch)
+        for c in batches.resume_now(batch):
+            ws.settle(c)  # before the mount is served: only drops what is to go
         summary["performed"] += owed - unreadable

@@ -183,6 +183,9 @@ def _settle(ws: Workspace, receipt: dict[str, Any]) -> str:
         if stage_fd is not None:
             ws._keep_intended(c)
         result = "conflicts"
+    if c.discard:  # its bytes are kept (a conflict, a type swap): the stage goes
+        ws.drop_stage(stage)
+        stage_fd = None
     if result == "pending":
         if stage_fd is not None:
             os.close(stage_fd)

@@ -184,6 +184,10 @@ class Commit:
     error: RwfsError | None = None
     new_ino: int = 0
     spare: bytes | None = None  # the replaced empty file, linked into staging (``_spare``)
+    # Its bytes are kept as an object and its stage is to go (a conflict, a landed or
+    # refused commit): dropped by ``settle`` on the loop, never by the committer's thread,
+    # because until then the FUSE layer may still read the stage (its descriptor).
+    discard: bool = False
     lsn: int = 0
     batch: str | None = None  # an explicit batch's name (batches.py); None: a batch of one
     held: bool = False  # held by an open batch: not queued, the tree waits for its commit
@@ -734,9 +738,7 @@ class Workspace:
                     self.stats.commit(item.path)
                 else:
                     self.stats.count(item.outcome)
-                if item.outcome == "error":
-                    _close_quietly(item.stage.fd)
-                self.on_committed(item)
+                self.settle(item)
                 item.finish()
         for item in group:
             if isinstance(item, Commit) and item.spare is not None:
@@ -912,11 +914,23 @@ class Workspace:
                 pass
 
     def _keep_intended(self, c: Commit) -> None:
+        """Keep the bytes of a commit that did not replace its file; its stage is to go."""
         if c.stage.fd < 0:  # a deletion: no bytes of its own
             return
         if c.outcome != "landed" and c.intended is not None:
             self.objects.keep_fd_copy(c.stage.fd, c.intended)
-        self.drop_stage(c.stage)
+        c.discard = True
+
+    def settle(self, c: Commit) -> None:
+        """On the loop, once a commit is settled: tell the FUSE layer (``on_committed``),
+        then drop the stage a conflict or a landed commit left (``Commit.discard``), or
+        close one that recovery still needs (an error: the receipt stays pending)."""
+        if c.discard:
+            self.drop_stage(c.stage)
+        elif c.outcome == "error" and c.stage.fd >= 0:
+            _close_quietly(c.stage.fd)
+            c.stage.fd = -1
+        self.on_committed(c)
 
 
 def _set_durable(commits: list[Commit]) -> None:
