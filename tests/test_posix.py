@@ -775,6 +775,29 @@ def test_unlinked_open_file_reports_no_links(roots: tuple[Path, Path]) -> None:
     assert both(roots, run) == ("ok", ((0, 3), (0, b"abc"), 1))
 
 
+def test_a_removed_open_file_is_changed_alone_never_the_root(roots: tuple[Path, Path]) -> None:
+    # Regression: an inode left with no name stood for the path "", the workspace's root.
+    def run(root: Path) -> Any:
+        (root / "a").write_bytes(b"x")
+        fd = os.open(root / "a", os.O_RDWR)
+        try:
+            os.unlink(root / "a")
+            root_before = os.stat(root)
+            os.fchmod(fd, 0o600)
+            os.utime(fd, ns=(10**18, 10**18))
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        root_after = os.stat(root)
+        unchanged = (root_after.st_mode, root_after.st_mtime_ns) == (
+            root_before.st_mode,
+            root_before.st_mtime_ns,
+        )
+        return unchanged, stat.S_IMODE(st.st_mode), st.st_mtime_ns
+
+    assert both(roots, run) == ("ok", (True, 0o600, 10**18))
+
+
 def test_mkfifo(roots: tuple[Path, Path]) -> None:
     def run(root: Path) -> Any:
         os.mkfifo(root / "fifo", 0o640)

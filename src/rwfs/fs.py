@@ -702,9 +702,9 @@ class Operations(pyfuse3.Operations):
                 return self._control_attr(self.control.get(inode))
             raise pyfuse3.FUSEError(errno.EPERM)
         i = self._inode(inode)
-        path = i.path
+        path = i.path if i.paths else None  # None: removed, still open (or just removed)
         st = self._stat(i)
-        journaled = self._journaled(path, st, i.is_dir)
+        journaled = path is not None and self._journaled(path, st, i.is_dir)
         if fields.update_size:
             # An unlinked file's inode may be linked as a kept object meanwhile (st_nlink
             # 2 for a moment while the committer moves it): never change it in place.
@@ -722,9 +722,11 @@ class Operations(pyfuse3.Operations):
             else:
                 self._open_backing(i, writable=True)
                 os.ftruncate(i.fd, attr.st_size)
-        targets: list[Any] = [] if i.virtual else [rel(path)]
+        targets: list[Any] = [] if i.virtual or path is None else [rel(path)]
         if i.stage is not None:
             targets.append(i.stage.fd)
+        elif path is None and i.fd >= 0:
+            targets.append(i.fd)  # a removed file, still open: its own descriptor
         changed = []
         for t in targets:
             kw: dict[str, Any] = (
@@ -744,7 +746,7 @@ class Operations(pyfuse3.Operations):
                 mtime = attr.st_mtime_ns if fields.update_mtime else cur.st_mtime_ns
                 os.utime(t, ns=(atime, mtime), **kw)
                 changed.append("times")
-        if changed and journaled and not i.virtual:
+        if changed and journaled and not i.virtual and path is not None:
             mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else None
             # Already applied: metadata changes are recorded, not staged.
             extra = {"changed": sorted(set(changed)), "mode": mode}

@@ -9,6 +9,7 @@ or a stage; paths are resolved from the root descriptor.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass, field
@@ -55,8 +56,14 @@ class Inode:
 
     @property
     def path(self) -> bytes:
-        """One path of this inode (hard links have several; any one reaches the file)."""
-        return min(self.paths) if self.paths else b""
+        """One path of this inode (hard links have several; any one reaches the file).
+
+        FileNotFoundError when it has none left (removed while the kernel still held it):
+        an empty path would name the workspace's root, and a chmod of a file another
+        process just removed would change the root's mode."""
+        if not self.paths:
+            raise FileNotFoundError(errno.ENOENT, "the file was removed", f"inode {self.ino}")
+        return min(self.paths)
 
     @property
     def busy(self) -> bool:
