@@ -490,3 +490,35 @@ def test_the_committer_leaves_a_conflicted_stage_open_until_it_is_settled(
     assert os.listdir(ws.tree / ".rw" / "staging") == []
     assert ws.objects.exists(sha(b"new"))  # the conflicting draft is kept
     assert (ws.tree / "f").read_bytes() == b"changed meanwhile"
+
+
+def test_a_stage_is_copied_from_its_own_descriptor(ws: Any) -> None:
+    # The loop may close the inode's descriptor (a release, a commit landing) while the
+    # copy runs in a worker thread, and the number may be reused at once by another file.
+    import trio
+
+    big = os.urandom(1 << 20) * 96
+    (ws.tree / "big").write_bytes(big)
+    (ws.tree / "other").write_bytes(b"another file" * 1000)
+
+    async def main() -> Any:
+        fd = os.open(ws.tree / "big", os.O_RDONLY)
+        got: dict[str, Any] = {}
+
+        async def stage() -> None:
+            got["stage"] = await ws.new_stage(fd, truncate=False)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stage)
+            await trio.sleep(0.005)  # the copy has started in its thread
+            os.close(fd)
+            reused = os.open(ws.tree / "other", os.O_RDONLY)  # most likely the same number
+            got["reused"] = reused == fd
+        os.close(reused)
+        return got
+
+    got = trio.run(main)
+    s = got["stage"]
+    assert s.expected == sha(big)
+    assert os.pread(s.fd, len(big) + 1, 0) == big
+    ws.drop_stage(s)

@@ -36,6 +36,7 @@ from .workspace import (
     RwfsError,
     Stage,
     Workspace,
+    borrowed,
     copy_metadata,
     fsdecode,
     record_commit,
@@ -207,7 +208,8 @@ class Batches:
             if batch.state != OPEN:
                 return False
             if wait:  # fsync(): the draft itself must be on disk
-                await trio.to_thread.run_sync(os.fsync, commit.stage.fd, limiter=_LIMIT)
+                with borrowed(commit.stage.fd) as (fd,):
+                    await trio.to_thread.run_sync(os.fsync, fd, limiter=_LIMIT)
             entry = await self._put_entry(
                 batch,
                 commit.path,

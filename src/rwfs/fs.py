@@ -27,7 +27,16 @@ from .batches import Batches
 from .control import CDir, CFile, Control
 from .inodes import ROOT, Inode, InodeTable
 from .objects import EMPTY_DIGEST
-from .workspace import Commit, RwfsError, Stage, Workspace, fsdecode, rel, renameat2
+from .workspace import (
+    Commit,
+    RwfsError,
+    Stage,
+    Workspace,
+    borrowed,
+    fsdecode,
+    rel,
+    renameat2,
+)
 
 log = logging.getLogger("rwfs.fs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -1361,7 +1370,8 @@ class Operations(pyfuse3.Operations):
             h.dirty = False
             await self._commit(i, h.info, wait=True)
         elif i.fd >= 0:
-            await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, i.fd)
+            with borrowed(i.fd) as (fd,):
+                await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, fd)
 
     # ---- directories ----
 

@@ -19,7 +19,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -299,7 +299,8 @@ class Workspace:
             # Nothing to copy or hash (a new file's first write, an O_TRUNC create): a few
             # metadata calls, cheaper here than a worker-thread hop.
             return self._new_stage(source_fd, truncate)
-        return await trio.to_thread.run_sync(self._new_stage, source_fd, truncate, limiter=_LIMIT)
+        with borrowed(source_fd) as (src,):
+            return await trio.to_thread.run_sync(self._new_stage, src, truncate, limiter=_LIMIT)
 
     def _new_stage(self, source_fd: int, truncate: bool) -> Stage:
         fd, name = self._take_spare()
@@ -412,24 +413,26 @@ class Workspace:
         # atomic: the caller set stage.sealed before this await, so no write can slip in.
         trail, stage.trail = stage.trail, None
 
-        def work() -> tuple[str, int, list[gates.Finding]]:
+        def work(stage_fd: int, base_fd: int) -> tuple[str, int, list[gates.Finding]]:
             got = trail.finish() if trail is not None else None
             if got is None:
-                got = digest_fd(stage.fd)
+                got = digest_fd(stage_fd)
             else:
                 self.stats.count("trailing_hashes")
             if gate is None or got[0] == stage.expected:
                 return (*got, [])
-            return (*got, self._run_gates(*gate, stage.fd))
+            return (*got, self._run_gates(gate[0], base_fd, stage_fd))
 
-        return await trio.to_thread.run_sync(work, limiter=_LIMIT)
+        with borrowed(stage.fd, gate[1] if gate is not None else -1) as (stage_fd, base_fd):
+            return await trio.to_thread.run_sync(work, stage_fd, base_fd, limiter=_LIMIT)
 
     # ---- gates ----
 
     async def run_gates(self, path: bytes, base_fd: int, new_fd: int) -> list[gates.Finding]:
         """The gates' findings on new bytes (a sealed stage, a file renamed onto ``path``)
         against the bytes they replace."""
-        return await trio.to_thread.run_sync(self._run_gates, path, base_fd, new_fd, limiter=_LIMIT)
+        with borrowed(base_fd, new_fd) as (base, new):
+            return await trio.to_thread.run_sync(self._run_gates, path, base, new, limiter=_LIMIT)
 
     def _run_gates(self, path: bytes, base_fd: int, stage_fd: int) -> list[gates.Finding]:
         t = time.perf_counter()
@@ -474,9 +477,10 @@ class Workspace:
     ) -> RwfsError:
         """Keep a refused draft, journal the refusal, and say so to the writer (SPEC §4.2-4.3)."""
         async with self.commit_lock:  # the draft and its event, together, for gc
-            await trio.to_thread.run_sync(
-                self.objects.keep_fd_copy, draft_fd, intended, limiter=_LIMIT
-            )
+            with borrowed(draft_fd) as (fd,):
+                await trio.to_thread.run_sync(
+                    self.objects.keep_fd_copy, fd, intended, limiter=_LIMIT
+                )
             key = (path, intended)
             left = max(self._budget.get(key, self.policy.retry_budget + 1) - 1, 0)
             self._budget[key] = left
@@ -558,9 +562,10 @@ class Workspace:
             )
 
         async with self.commit_lock:  # the bytes and what refers to them, together, for gc
-            await trio.to_thread.run_sync(
-                self.objects.keep_fd_copy, stage.fd, intended, limiter=_LIMIT
-            )
+            with borrowed(stage.fd) as (fd,):
+                await trio.to_thread.run_sync(
+                    self.objects.keep_fd_copy, fd, intended, limiter=_LIMIT
+                )
             cid = await trio.to_thread.run_sync(self.store.write, write, limiter=_LIMIT)
         return RwfsError(
             errno.ESTALE,
@@ -578,7 +583,8 @@ class Workspace:
 
     async def digest(self, fd: int) -> str:
         """A file's digest (from the cache when its stat is unchanged), off the loop."""
-        return await trio.to_thread.run_sync(self.digest_of_fd, fd, limiter=_LIMIT)
+        with borrowed(fd) as (dup,):
+            return await trio.to_thread.run_sync(self.digest_of_fd, dup, limiter=_LIMIT)
 
     async def submit(self, commit: Commit, wait: bool) -> Commit:
         """Queue a sealed commit; in strict mode (or ``wait``) return once it is durable."""
@@ -941,6 +947,22 @@ def _set_durable(commits: list[Commit]) -> None:
 def _signature(st: os.stat_result) -> tuple[int, int, int]:
     """What changes whenever a file's bytes do (ctime cannot be set by anyone)."""
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@contextlib.contextmanager
+def borrowed(*fds: int) -> Iterator[tuple[int, ...]]:
+    """Duplicates of descriptors for a worker thread (-1 stays -1). The loop may close the
+    originals meanwhile (a release, a commit landing, a stage dropped): the thread would
+    then get EBADF, or, once the number is reused, read or write another file."""
+    dups: list[int] = []
+    try:
+        for fd in fds:
+            dups.append(os.dup(fd) if fd >= 0 else -1)
+        yield tuple(dups)
+    finally:
+        for fd in dups:
+            if fd >= 0:
+                os.close(fd)
 
 
 def _close_quietly(fd: int) -> None:
