@@ -378,3 +378,27 @@ def test_every_journal_event_has_the_specs_fields(mount: Mount) -> None:
     mkdir = next(e for e in events if e["op"] == "mkdir")
     assert (mkdir["batch"], mkdir["expected"], mkdir["intended"], mkdir["size"]) == (None,) * 4
     assert mkdir["pid"] == os.getpid()
+
+
+def test_a_file_written_while_hard_linked_is_no_drift_for_fsck(workspace: Path) -> None:
+    m = Mount(workspace).start()
+    try:
+        a = m.path / "a.txt"
+        a.write_text("one\n")
+        os.link(a, m.path / "b.txt")
+        (m.path / "b.txt").write_text("two\n")  # one file, two names: written in place
+        os.unlink(m.path / "b.txt")
+        assert a.read_text() == "two\n"
+    finally:
+        m.stop()
+    res = m.fsck()
+    assert res.returncode == 0, res.stdout + res.stderr
+    m.start()  # once it has one name again, its commits are journaled again
+    try:
+        (m.path / "a.txt").write_text("three\n")
+        writes = [e for e in journal(m) if e["op"] == "write" and e["path"] == "a.txt"]
+        assert writes[-1]["expected"] == sha(b"two\n")
+        assert writes[-1]["intended"] == sha(b"three\n")
+    finally:
+        m.stop()
+    check_clean(m)

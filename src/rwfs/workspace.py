@@ -1096,6 +1096,11 @@ def record_event(txn: Any, ev: dict[str, Any]) -> int:
                 txn.set_path(dest, ev["intended"], lsn)
     elif op == "create":
         txn.set_path(path, ev.get("intended"), lsn)
+    elif op == "link" and ev.get("source"):
+        # Two names of one file: it is written in place, unjournaled, while it has both
+        # (docs/architecture.md), so the index stops vouching for its bytes under the old
+        # name too, until a journaled commit of it after the other name is gone.
+        txn.set_path(os.fsencode(ev["source"]), None, lsn)
     if receipt is not None:
         receipt.update(state="committed", lsn=lsn, batch=ev["batch"])
         txn.put_receipt(receipt)
