@@ -2,12 +2,13 @@
 
 Run through ``scripts/stress`` (which bootstraps the venv). Like fsstress, each worker
 process picks operations at random (create, write, append, truncate, fallocate, O_DIRECT
-and mmap writes, fsync, rename, link, unlink, mkdir, rmdir, symlink, chmod, utime,
-xattrs, reads) on names shared by every worker, so they race on the same files and
+writes, fsync, rename, link, unlink, mkdir, rmdir, symlink, chmod, utime, xattrs, reads,
+listings) on names shared by every worker, so they race on the same files and
 directories. Errors a race explains (ENOENT, EEXIST, ENOTEMPTY, ...) are counted; any
-other is a failure. Each worker also keeps files of its own, which only it writes, and
-remembers their last bytes: at the end they must read back exactly, through the mount and
-again after a remount. The daemon must stay up, log no traceback, and ``rwfs fsck`` must
+other is a failure. Each worker also keeps files of its own, which only it writes (whole,
+in place, through a shared mapping, or as a temporary file renamed over), and remembers
+their last bytes: they must read back exactly while it runs, at the end through the
+mount, and again after a remount. The daemon must stay up, log no traceback, and ``rwfs fsck`` must
 find the journal, objects and tree in agreement.
 
 The workspace is a fresh temporary directory, mounted over itself and always unmounted.
@@ -112,23 +113,6 @@ class Worker:
         finally:
             os.close(fd)
 
-    def op_mmap(self) -> None:
-        fd = os.open(self.shared(), os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            if size == 0:
-                return
-            try:
-                m = mmap.mmap(fd, size)
-            except ValueError:  # it shrank meanwhile
-                return
-            with m:
-                at = self.rng.randrange(min(size, len(m)))
-                m[at : at + 1] = b"m"
-                m.flush()
-        finally:
-            os.close(fd)
-
     def op_fsync(self) -> None:
         fd = os.open(self.shared(), os.O_WRONLY)
         try:
@@ -180,10 +164,21 @@ class Worker:
         name = f"w{self.wid}/f{self.rng.randrange(6)}"
         p = self.root / name
         old = self.own.get(name, b"")
-        how = self.rng.randrange(4)
+        how = self.rng.randrange(5 if old else 4)
         if how == 0:  # rewrite whole
             new = self.payload()
             p.write_bytes(new)
+        elif how == 4:  # through a shared mapping (only this worker resizes it:
+            # touching a mapped page past a shrunk end would kill the process with SIGBUS)
+            at = self.rng.randrange(len(old))
+            fd = os.open(p, os.O_RDWR)
+            try:
+                with mmap.mmap(fd, len(old)) as m:
+                    m[at : at + 1] = b"m"
+                    m.flush()
+            finally:
+                os.close(fd)
+            new = old[:at] + b"m" + old[at + 1 :]
         elif how == 1:  # write in place at an offset, keeping the rest
             at = self.rng.randrange(len(old) + 1)
             data = self.payload()[:3000]
@@ -200,7 +195,7 @@ class Worker:
             tmp = self.root / f"w{self.wid}/.tmp{self.rng.randrange(1 << 30)}"
             tmp.write_bytes(new)
             os.rename(tmp, p)
-        else:  # check it
+        elif how == 3:  # check it
             got = p.read_bytes() if name in self.own else None
             if got is not None and got != old:
                 self.failures.append(f"{name}: read {len(got)} bytes, expected {len(old)}")
@@ -310,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             if p.is_alive():
                 p.kill()
                 problems.append(f"worker {p.pid} did not finish")
+            elif p.exitcode:
+                problems.append(f"worker {p.pid} exited with {p.exitcode} (<0: a signal)")
         if m.proc is None or m.proc.poll() is not None:
             problems.append("the daemon died")
         results = [json.loads(o.read_text()) for o in outs if o.exists()]

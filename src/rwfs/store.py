@@ -44,8 +44,9 @@ values are listed here, and this docstring is the canonical reference for them.
                  digest of the Markdown written; ``last_good_state`` lists ``{path, sha256}``.
 ``refused``    — u64 LSN of a ``refuse`` event → JSON ``{path, draft, intended}``: the
                  refused drafts (``.rw/rejected/``, kept by gc; ``draft`` may be null),
-                 so that a mount need not read every event for them. Built from ``events`` once, when a store that
-                 predates it is opened (``meta`` ``b"index:refused"`` marks it done).
+                 so that a mount need not read every event for them. Built from
+                 ``events`` once, when a store that predates it is opened (``meta``
+                 ``b"index:refused"`` marks it done).
 ``conflicts``  — u64 id → JSON ``{id, path, batch, expected, intended, actual, reason,
                  ts, state, resolution}``; ``state`` is ``open`` or ``resolved``.
 

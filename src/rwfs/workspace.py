@@ -184,9 +184,9 @@ class Commit:
     error: RwfsError | None = None
     new_ino: int = 0
     spare: bytes | None = None  # the replaced empty file, linked into staging (``_spare``)
-    # Its bytes are kept as an object and its stage is to go (a conflict, a landed or
-    # refused commit): dropped by ``settle`` on the loop, never by the committer's thread,
-    # because until then the FUSE layer may still read the stage (its descriptor).
+    # Its bytes are kept as an object and its stage is to go (a conflict, a landed commit,
+    # a path that is no longer a file): dropped by ``settle`` on the loop, never by the
+    # committer's thread, because until then the FUSE layer may still read the stage.
     discard: bool = False
     lsn: int = 0
     batch: str | None = None  # an explicit batch's name (batches.py); None: a batch of one
@@ -928,9 +928,9 @@ class Workspace:
         c.discard = True
 
     def settle(self, c: Commit) -> None:
-        """On the loop, once a commit is settled: tell the FUSE layer (``on_committed``),
-        then drop the stage a conflict or a landed commit left (``Commit.discard``), or
-        close one that recovery still needs (an error: the receipt stays pending)."""
+        """On the loop, once a commit is settled: drop the stage it left (``discard``), or
+        close one that recovery still needs (an error: the receipt stays pending), then
+        tell the FUSE layer (``on_committed``), in the same step."""
         if c.discard:
             self.drop_stage(c.stage)
         elif c.outcome == "error" and c.stage.fd >= 0:
