@@ -798,6 +798,34 @@ def test_a_removed_open_file_is_changed_alone_never_the_root(roots: tuple[Path, 
     assert both(roots, run) == ("ok", (True, 0o600, 10**18))
 
 
+def test_a_removed_directory_lists_empty_and_a_removed_file_keeps_its_xattrs(
+    roots: tuple[Path, Path],
+) -> None:
+    def run(root: Path) -> Any:
+        (root / "d").mkdir()
+        (root / "keep").write_bytes(b"k")
+        dfd = os.open(root / "d", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.rmdir(root / "d")
+            listed = os.listdir(dfd)
+        finally:
+            os.close(dfd)
+        (root / "f").write_bytes(b"x")
+        os.setxattr(root / "f", "user.a", b"1")
+        fd = os.open(root / "f", os.O_RDWR)
+        try:
+            os.unlink(root / "f")
+            os.setxattr(fd, "user.b", b"2")
+            names = sorted(os.listxattr(fd)), os.getxattr(fd, "user.a")
+        finally:
+            os.close(fd)
+        return listed, names, sorted(os.listxattr(root))
+
+    listed, names, root_xattrs = both(roots, run)[1]
+    assert listed == [] and names == (["user.a", "user.b"], b"1")
+    assert root_xattrs == []
+
+
 def test_mkfifo(roots: tuple[Path, Path]) -> None:
     def run(root: Path) -> Any:
         os.mkfifo(root / "fifo", 0o640)

@@ -257,6 +257,8 @@ class Operations(pyfuse3.Operations):
             return os.fstat(inode.stage.fd)
         if inode.fd >= 0:
             return os.fstat(inode.fd)
+        if inode.removed is not None and not inode.paths:
+            return inode.removed
         return os.stat(rel(inode.path), dir_fd=self.ws.root_fd, follow_symlinks=False)
 
     def _control_attr(self, node: Any) -> pyfuse3.EntryAttributes:
@@ -858,6 +860,8 @@ class Operations(pyfuse3.Operations):
             await self._settle(inode)
         st = None
         if is_dir:
+            # Kept for the kernel, which may still hold the directory (a shell's cwd).
+            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
             with self._journal(self._journaled(path, None, True), ctx, "rmdir", path):
                 os.rmdir(path, dir_fd=self.ws.root_fd)
         else:
@@ -882,6 +886,8 @@ class Operations(pyfuse3.Operations):
         # Its backing inode number is free for reuse now (a directory has no other name).
         if gone is not None and (is_dir or (st is not None and st.st_nlink == 1)):
             self.inodes.orphan(gone)
+            if is_dir:
+                gone.removed = st
 
     async def _hide(self, path: bytes, inode: Inode | None, ctx: Any) -> bool:
         """Unlink by a writer an open batch takes (or of a file it holds): the deletion
@@ -1258,12 +1264,19 @@ class Operations(pyfuse3.Operations):
         kernelflags.fast_writes(fh, i, stage)
         return n
 
+    def _in_place(self, i: Inode) -> bool:
+        """Whether the open file's bytes are changed in place (not journaled)."""
+        st = os.fstat(i.fd)
+        if not i.paths:  # its names here are gone; another (a hard link) may share it
+            return st.st_nlink > 1
+        return not self._journaled(i.path, st)
+
     async def _to_change(self, i: Inode) -> Stage | None:
         """The open stage a change to the file's bytes goes to; None: the file is changed
         in place, through its backing descriptor (opened for writing)."""
         # Decided at each change, not at open: a file hard-linked since it was opened must
         # be written in place, or the commit's rename would split the link.
-        if i.stage is None and not i.unlinked and not self._journaled(i.path, os.fstat(i.fd)):
+        if i.stage is None and not i.unlinked and self._in_place(i):
             self._open_backing(i, writable=True)
             return None
         if i.stage is None or i.stage.sealed:
@@ -1357,7 +1370,7 @@ class Operations(pyfuse3.Operations):
             try:
                 await self._commit(i, h.info or {"pid": 0, "comm": "", "uid": 0})
             except (RwfsError, OSError) as exc:
-                log.info("commit at release of %r: %s", i.path, exc)
+                log.info("commit at release of %r: %s", sorted(i.paths), exc)
         self._release_fd(i)
 
     @_guard()
@@ -1391,11 +1404,13 @@ class Operations(pyfuse3.Operations):
         i = self._inode(inode)
         # The kernel keeps the listing (CACHE_DIR) until the directory changes: through the
         # mount, or by rwfs itself (_tree_changed).
-        return self._fh(DirHandle(i, None, self._open_dir(i))) | kernelflags.CACHE_DIR
+        return self._fh(self._dir_handle(i)) | kernelflags.CACHE_DIR
 
-    def _open_dir(self, i: Inode) -> int:
+    def _dir_handle(self, i: Inode) -> DirHandle:
+        if not i.paths:  # removed while the kernel held it: a removed directory is empty
+            return DirHandle(i, [])
         how = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.open(rel(i.path), how, dir_fd=self.ws.root_fd)
+        return DirHandle(i, None, os.open(rel(i.path), how, dir_fd=self.ws.root_fd))
 
     async def _dir(self, fh: int, start_id: int) -> DirHandle:
         """The handle of a directory being listed: opendir's, or, when the kernel sends no
@@ -1416,8 +1431,7 @@ class Operations(pyfuse3.Operations):
                 await self.ws.sync()
             h = DirHandle(None, self.control.listing(node), node=node)
         else:
-            i = self._inode(ino)
-            h = DirHandle(i, None, self._open_dir(i))
+            h = self._dir_handle(self._inode(ino))
         self._listings[ino] = h
         if len(self._listings) > 64:  # listings a reader left half-way
             self._listed(next(iter(self._listings)))
@@ -1509,12 +1523,14 @@ class Operations(pyfuse3.Operations):
         if ino is not None:  # no OPENDIR was sent: open the directory to sync it
             if self.control.get(ino) is not None:
                 return
-            fd = self._open_dir(self._inode(ino))
+            fd = self._dir_handle(self._inode(ino)).fd  # -1: removed, nothing to sync
             try:
                 await self.ws.sync()
-                await trio.to_thread.run_sync(os.fsync, fd)
+                if fd >= 0:
+                    await trio.to_thread.run_sync(os.fsync, fd)
             finally:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
             return
         h = self.handles[fh]
         if isinstance(h, DirHandle) and h.fd >= 0:
@@ -1545,9 +1561,13 @@ class Operations(pyfuse3.Operations):
         if self.control.get(inode) is not None:
             raise pyfuse3.FUSEError(errno.ENOTSUP)
         i = self._inode(inode)
-        path = f"/proc/self/fd/{self.ws.root_fd}/".encode() + i.path
         stage = [i.stage.fd] if i.stage is not None else []
-        return stage if i.virtual else [path, *stage]  # a batch's new file: only a stage
+        if i.virtual:  # a batch's new file: only a stage
+            return stage
+        if not i.paths and i.fd >= 0:  # removed, still open: its own descriptor
+            return [i.fd, *stage]
+        path = f"/proc/self/fd/{self.ws.root_fd}/".encode() + i.path
+        return [path, *stage]
 
     @_guard()
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:

@@ -45,6 +45,8 @@ class Inode:
     digests: dict[int, str | None] = field(default_factory=dict)
     # Created in an open batch: its bytes are only a stage, not (yet) a file of the tree.
     virtual: bool = False
+    # A removed directory's last attributes: the kernel may still ask for them (a cwd).
+    removed: os.stat_result | None = None
 
     @property
     def lock(self) -> trio.Lock:
