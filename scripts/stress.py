@@ -326,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         res = fsck(ws)
         if res.returncode != 0:
             problems.append(f"fsck: {res.stdout.strip()} {res.stderr.strip()}")
-        m.start()  # again: what the workers wrote survives a remount
-        problems += check_own(ws, results, "remounted")
+        else:  # (after drift, the state is kept as it is, for a look)
+            m.start()  # again: what the workers wrote survives a remount
+            problems += check_own(ws, results, "remounted")
     finally:
         m.stop()
     if problems:

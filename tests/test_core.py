@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -522,3 +523,19 @@ def test_a_stage_is_copied_from_its_own_descriptor(ws: Any) -> None:
     assert s.expected == sha(big)
     assert os.pread(s.fd, len(big) + 1, 0) == big
     ws.drop_stage(s)
+
+
+def test_a_digest_is_cached_only_once_the_files_last_change_is_not_racy(ws: Any) -> None:
+    # Two changes in one tick of the kernel's coarse clock leave (size, mtime, ctime) as
+    # they were: a digest cached then would vouch for bytes the file no longer holds.
+    p = ws.tree / "f"
+    p.write_bytes(b"one")
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert ws.digest_of_fd(fd) == sha(b"one")
+        assert ws._digests == {}  # changed just now: not cached
+        time.sleep(0.1)
+        assert ws.digest_of_fd(fd) == sha(b"one")
+        assert list(ws._digests.values())[0][1] == sha(b"one")
+    finally:
+        os.close(fd)

@@ -37,6 +37,9 @@ _LIMIT = trio.CapacityLimiter(4)
 # A stage this large is hashed by a thread that follows its writes (objects.TrailingHash):
 # sealing it then reads nothing again, when it was written front to back.
 TRAIL_FROM = 8 << 20
+# Timestamps move in ticks of the kernel's coarse clock (a few ms): a file's digest is
+# cached only when its last change is older than this (``_remember``).
+RACY_NS = 50_000_000
 # Empty inodes kept in the staging area for new stages (``_spare``), at most this many.
 SPARES_MAX = 512
 # A queued commit holds its stage's descriptor, and the FUSE layer keeps the file's own
@@ -262,11 +265,16 @@ class Workspace:
         if hit is not None and hit[0] == _signature(st):
             return hit[1]
         digest, _ = digest_fd(fd)
-        self._remember(fd, digest)
+        self._remember(st, digest)  # the stat taken before the bytes were read
         return digest
 
-    def _remember(self, fd: int, digest: str) -> None:
-        st = os.fstat(fd)
+    def _remember(self, st: os.stat_result, digest: str) -> None:
+        """Cache a digest under the stat its bytes were read after. Not when the file
+        changed within RACY_NS of now: a change in the same timestamp tick as the last one
+        leaves (size, mtime, ctime) as they were, and the cache would then vouch for bytes
+        the file no longer holds (git calls such entries "racily clean")."""
+        if time.time_ns() - st.st_ctime_ns < RACY_NS:
+            return
         self._digests[(st.st_dev, st.st_ino)] = (_signature(st), digest)
         if len(self._digests) > 200_000:
             self._digests.clear()
@@ -897,7 +905,7 @@ class Workspace:
                     path=fsdecode(c.path),
                 )
                 return
-            self._remember(c.stage.fd, c.intended)
+            self._remember(mine, c.intended)
             c.new_ino = mine.st_ino
             c.outcome = "committed"
         except OSError as exc:
