@@ -323,6 +323,8 @@ class Workspace:
                 expected = self.digest_of_fd(source_fd)
             else:
                 expected, _ = copy_fd(source_fd, fd)
+                # So the commit's check of the live file rarely reads it again.
+                self._remember(st, expected)
         except BaseException:
             os.close(fd)
             os.unlink(name, dir_fd=self.staging_fd)
