@@ -768,8 +768,8 @@ class Workspace:
             if isinstance(item, Commit) and item.info.get("wait"):
                 item.outcome = "error"
                 item.error = journal_unavailable(item.path, why)
-                self.drop_stage(item.stage)
-                self.on_committed(item)
+                item.discard = True  # nothing was prepared: its stage goes
+                self.settle(item)
                 item.finish()
             else:
                 retry.append(item)
