@@ -402,3 +402,31 @@ def test_a_file_written_while_hard_linked_is_no_drift_for_fsck(workspace: Path) 
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_a_pre_image_shared_with_another_name_is_kept_as_a_copy(tmp_path: Path) -> None:
+    """A file linked behind the mount while a stage is open: the commit keeps its old bytes,
+    but that inode still has the other name, which is written in place. The kept object
+    must be a copy, or it would change with that name."""
+    ws, mp = tmp_path / "ws", tmp_path / "mp"
+    ws.mkdir()
+    mp.mkdir()
+    m = Mount(ws, mp).start()
+    try:
+        (mp / "a.txt").write_text("one\n")
+        with open(mp / "a.txt", "r+") as f:
+            f.write("two\n")
+            f.flush()  # the write is in the stage
+            os.link(ws / "a.txt", ws / "b.txt")  # behind the mount: it does not see this
+            os.fsync(f.fileno())  # the commit: it keeps the inode's bytes, "one"
+        with open(ws / "b.txt", "r+") as f:
+            f.write("TWO\n")  # in place, into the inode the commit kept
+        assert (mp / "a.txt").read_text() == "two\n"
+        writes = [e for e in journal(m) if e["op"] == "write" and e["path"] == "a.txt"]
+        assert writes[-1]["expected"] == sha(b"one\n")
+        history = mp / ".rw" / "history" / "a.txt"
+        assert "one\n" in [(history / v).read_text() for v in os.listdir(history)]
+    finally:
+        m.stop()
+    res = m.fsck()
+    assert "damaged" not in res.stdout, res.stdout

@@ -832,9 +832,15 @@ class Operations(pyfuse3.Operations):
         src = self._inode(inode)
         path = self._parent_path(new_parent_inode, new_name)
         # The new name must reach the bytes every reader sees: commit an open stage (say,
-        # a truncate(2) while a descriptor is open) before linking the backing file.
-        await self._commit(src, self._who(ctx), wait=True)
-        await self._settle(src)
+        # a truncate(2) while a descriptor is open) before linking the backing file. Again
+        # if a writer opened another meanwhile: once linked, the file is written in place,
+        # and a stage committed later would split the link.
+        while True:
+            before = src.stage
+            await self._commit(src, self._who(ctx), wait=True)
+            await self._settle(src)
+            if src.stage is None or src.stage is before or not src.paths:
+                break  # (a stage that stays is a batch's draft, or an unlinked file's)
         with self._journal(self._journaled(path), ctx, "link", path, source=fsdecode(src.path)):
             os.link(
                 rel(src.path),

@@ -271,18 +271,20 @@ class ObjectStore:
             raise OSError(errno.EIO, f"object {digest} is damaged")
         return data
 
-    def keep_fd_copy(self, fd: int, digest: str) -> None:
-        """Keep a copy of the bytes behind ``fd`` as ``digest`` (for inodes still in use)."""
-        if self.exists(digest):
-            return
+    def keep_fd_copy(self, fd: int, digest: str | None = None) -> str:
+        """Keep a copy of the bytes behind ``fd`` (for inodes still in use); returns the
+        copy's digest. With ``digest`` (known bytes), nothing is copied if it is kept."""
+        if digest is not None and self.exists(digest):
+            return digest
         tmp = unique_id().encode()
         out = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o400, dir_fd=self.incoming_fd)
         try:
-            copy_fd(fd, out)
+            copied, _ = copy_fd(fd, out)
             os.fsync(out)
         finally:
             os.close(out)
-        self._place(self.incoming_fd, tmp, digest, move=True)
+        self._place(self.incoming_fd, tmp, copied, move=True)
+        return copied
 
 
 def digest_bytes(data: bytes) -> str:

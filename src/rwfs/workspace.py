@@ -872,6 +872,16 @@ class Workspace:
                 assert st is not None
                 if live == EMPTY_DIGEST and c.owner is not None and self.objects.exists(live):
                     c.spare = self._spare_link(c.path, st)
+                elif st.st_nlink > 1:
+                    # Another name shares the inode and changes it in place: linked, the
+                    # object would change with it. A copy is kept; if the bytes moved since
+                    # the check, the commit is a conflict like any other.
+                    kept = self._keep_copy(c.path)
+                    if kept != live:
+                        c.outcome = "conflict"
+                        c.info["actual"] = kept
+                        self._keep_intended(c)
+                        return
                 else:
                     self.objects.keep_link(self.root_fd, rel(c.path), live)
                 c.info["kept"] = True
@@ -920,6 +930,13 @@ class Workspace:
                 "and the receipt stays pending until the next mount retries it.",
                 path=fsdecode(c.path),
             )
+
+    def _keep_copy(self, path: bytes) -> str:
+        fd = os.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.root_fd)
+        try:
+            return self.objects.keep_fd_copy(fd)
+        finally:
+            os.close(fd)
 
     def _make_parents(self, path: bytes) -> None:
         parts = path.split(b"/")[:-1]
