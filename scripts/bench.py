@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MODES = ("native", "group", "strict")
+MODES = ("native", "bindfs", "group", "strict")
 FLOOR_CALLS = 20_000
 SCRIPTS = Path(__file__).resolve().parent
 MIN_TREE_FILES = 3000
@@ -452,25 +452,37 @@ def c_floor(build: Path) -> float | None:
             log(f"fuse_floor.c did not build: {flags.stderr.strip()} {res.stderr.strip()}")
             return None
     point = Path(tempfile.mkdtemp(prefix="rwfs-bench-floor-", dir="/tmp"))
-    proc = subprocess.Popen([str(exe), str(point)], stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
+        with fuse_process([str(exe), str(point)], point):
+            return _getxattr_loop(point / "f")
+    except BenchError as exc:
+        log(str(exc))
+        return None
+    finally:
+        point.rmdir()
+
+
+@contextmanager
+def fuse_process(cmd: list[str], point: Path, timeout: float = 30.0) -> Iterator[None]:
+    """Run a FUSE server in the foreground until ``point`` is mounted; always unmount it
+    (lazily if need be) and end the process this started."""
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout
         while not os.path.ismount(point):
             if proc.poll() is not None or time.monotonic() > deadline:
-                log("fuse_floor did not mount")
-                return None
+                raise BenchError(f"{cmd[0]} did not mount {point}")
             time.sleep(0.02)
-        return _getxattr_loop(point / "f")
+        yield
     finally:
         if os.path.ismount(point):
             if subprocess.run(["fusermount3", "-u", str(point)], capture_output=True).returncode:
                 subprocess.run(["fusermount3", "-u", "-z", str(point)], capture_output=True)
         try:
-            proc.wait(30)
+            proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(30)
-        point.rmdir()
+            proc.wait(timeout)
 
 
 def w_floor(env: Env) -> dict[str, float]:
@@ -561,7 +573,7 @@ _leftovers: list[Path] = []
 def remove_leftovers() -> None:
     while _leftovers:
         d = _leftovers.pop()
-        if rwfs_mounted(str(d)):
+        if os.path.ismount(d):
             log(f"WARNING: {d} is still mounted; not removing it")
         else:
             shutil.rmtree(d, ignore_errors=True)
@@ -570,12 +582,19 @@ def remove_leftovers() -> None:
 @contextmanager
 def measurement_dir(mode: str, logdir: Path, tag: str) -> Iterator[tuple[Path, int | None]]:
     """A fresh directory under /tmp; for rwfs modes, mounted over itself and unmounted
-    after. Removed by ``remove_leftovers`` at the end of the run."""
+    after; for bindfs, a bindfs mount of another. Removed by ``remove_leftovers`` at the
+    end of the run."""
     d = Path(tempfile.mkdtemp(prefix=f"rwfs-bench-{tag}-{mode}-", dir="/tmp"))
     mount: Mount | None = None
     try:
         if mode == "native":
             yield d, None
+        elif mode == "bindfs":  # a C passthrough, no journaling: the FUSE baseline
+            backing = Path(f"{d}-backing")
+            backing.mkdir()
+            _leftovers.append(backing)
+            with fuse_process(["bindfs", "-f", str(backing), str(d)], d):
+                yield d, None
         else:
             mount = Mount(d, mode, logdir / f"{d.name}.log")
             try:
@@ -614,7 +633,7 @@ def fmt_ratio(r: float | None, target: Target | None, mode: str) -> str:
 
 def render_table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    right = {1, 2, 3, 4, 5}
+    right = set(range(1, len(header) - 1))
 
     def line(cells: list[str]) -> str:
         return "  ".join(
@@ -636,7 +655,9 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated workloads: floor,extract,find,grep,git,small,small_fsync,big",
     )
     ap.add_argument(
-        "--modes", default=",".join(MODES), help="comma-separated of native,group,strict"
+        "--modes",
+        default=",".join(m for m in MODES if m != "bindfs" or shutil.which("bindfs")),
+        help="comma-separated of native,bindfs,group,strict (bindfs: when installed)",
     )
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = ap.parse_args(argv)
@@ -644,7 +665,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--runs, --size-mb and --small-files must be positive")
     modes = [m for m in args.modes.split(",") if m]
     if "native" not in modes or any(m not in MODES for m in modes):
-        ap.error("--modes must include native and only name native, group, strict")
+        ap.error("--modes must include native and only name native, bindfs, group, strict")
+    if "bindfs" in modes and not shutil.which("bindfs"):
+        ap.error("bindfs is not installed (scripts/bench installs it)")
     if not os.path.exists("/dev/fuse") and len(modes) > 1:
         raise SystemExit("bench: /dev/fuse is missing")
 
@@ -730,27 +753,37 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out_json, indent=2))
         return 0
 
-    header = ["workload", "native", "group", "group/nat", "strict", "strict/nat", "target"]
+    others = [m for m in modes if m != "native"]
+    header = ["workload", "native"]
+    for m in others:
+        header += [m, f"{m}/nat"]
+    vs_bindfs = "bindfs" in others and "group" in others
+    if vs_bindfs:
+        header.append("group/bindfs")
+    header.append("target")
     rows: list[list[str]] = []
     for wl in wls:
         for key, label, target in wl.metrics:
             med = medians.get(key, {})
             nat = med.get("native")
             row = [label, fmt_secs(nat)]
-            for mode in ("group", "strict"):
+            for mode in others:
                 row += [fmt_secs(med.get(mode)), fmt_ratio(ratio(med.get(mode), nat), target, mode)]
+            if vs_bindfs:
+                row.append(fmt_ratio(ratio(med.get("group"), med.get("bindfs")), None, "group"))
             row.append(target.text() if target else "—")
             rows.append(row)
     print(
         f"rwfs bench: median of {args.runs} run(s) per cell; "
-        f"ratio = rwfs / native, same run ({time.time() - started:.0f}s total)"
+        f"ratio = time / native's, same run ({time.time() - started:.0f}s total)"
     )
     print(render_table(rows, header))
     print(
         "notes: find/grep/git status are warm (run twice untimed first); the large file is"
         " read back right after\n       its write (which includes a final fsync), then again;"
         " the fsync small-file row compares with\n       native fsyncing each file too; every"
-        " cell used a fresh /tmp dir and mount."
+        " cell used a fresh /tmp dir and mount;\n       bindfs is a C passthrough"
+        " filesystem (no journaling) over another directory, the FUSE baseline."
     )
     c = medians.get("floor_c", {}).get("native")
     rw = medians.get("floor", {}).get("group")
