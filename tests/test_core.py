@@ -322,6 +322,9 @@ def test_risk_score_follows_the_paper() -> None:
     assert all(len(m["match"]) <= 16 for m in pem["matches"])
     big = risk(b"x " * 1500 + b"\n")  # a line over 2,000 characters (and no blob)
     assert big["score"] == 0.2 and big["verdict"] == "low"
+    blob = risk(b"x = '" + b"0f" * 150 + b"'\n")  # 300 base64 characters in a row
+    assert blob["detected_patterns"] == ["binary_hint"] and blob["score"] == 0.2
+    assert risk(b"x = '" + b"0f" * 99 + b"'\n")["detected_patterns"] == []  # 198 of them
 
 
 # Pieces of secrets, near misses and ordinary code, so that random texts exercise every

@@ -236,6 +236,8 @@ class _Needles:
 
     def present(self, view: str, data: bytes) -> set[bytes]:
         names = self.needles[view]
+        if len(names) == 1:  # a plain search: overlapping matches of one needle add nothing
+            return set(names) if names[0] in data else set()
         hits = self.automata[view].find_matches_as_indexes(data, overlapping=True)
         return {names[i] for i, _, _ in hits}
 
