@@ -730,7 +730,14 @@ class Workspace:
         progress = {"prepared": False}
         started = time.perf_counter()
         try:
-            await trio.to_thread.run_sync(self._apply_group, group, gen, progress, limiter=_LIMIT)
+            await trio.to_thread.run_sync(
+                self._apply_group,
+                group,
+                gen,
+                progress,
+                trio.lowlevel.current_trio_token(),
+                limiter=_LIMIT,
+            )
             self.journal_ok = True
         except Exception as exc:  # LMDB or the disk failed: never let it stop the daemon
             self.journal_ok = False
@@ -778,10 +785,15 @@ class Workspace:
             self._has_work.set()
 
     def _apply_group(
-        self, group: list[Commit | Event], gen: int, progress: dict[str, bool]
+        self,
+        group: list[Commit | Event],
+        gen: int,
+        progress: dict[str, bool],
+        loop: trio.lowlevel.TrioToken,
     ) -> None:
         """Make a group durable: stages synced, receipts, renames, commit records (thread)."""
         commits = [c for c in group if isinstance(c, Commit)]
+        t = time.perf_counter()
         if commits:
             if len(commits) > 8:
                 syncfs(self.staging_fd)  # one round of syncs for the whole group
@@ -789,6 +801,7 @@ class Workspace:
                 for c in commits:
                     os.fsync(c.stage.fd)
             faults.point("after_stage_sync")
+            t = self._step("group.stage_sync", t)
 
         def prepare(txn: Any) -> None:
             for c in commits:
@@ -807,6 +820,7 @@ class Workspace:
 
         if commits:
             self.store.write(prepare)
+            t = self._step("group.prepare", t)
         progress["prepared"] = True
         if commits:
             faults.point("after_prepare")
@@ -817,11 +831,14 @@ class Workspace:
                 self._settle_event_digests(item)
         # Each commit is durable now: after a crash its receipt is there, and the live
         # file holds the intended bytes, or the expected ones beside a synced stage that
-        # recovery renames (SPEC §6.2). So a writer waiting in fsync is answered now.
-        trio.from_thread.run_sync(_set_durable, commits)
+        # recovery renames (SPEC §6.2). So a writer waiting in fsync is answered now,
+        # while this thread goes on (not waiting for the loop to take the call).
+        loop.run_sync_soon(_set_durable, commits)
+        t = self._step("group.replace", t)
         # The renames, the namespace operations and the kept objects are durable before
         # their records: one round of syncs for the whole group.
         syncfs(self.root_fd)
+        t = self._step("group.syncfs", t)
         if commits:
             faults.point("before_commit_record")
 
@@ -834,9 +851,16 @@ class Workspace:
             txn.set_meta_int(b"applied_gen", gen)
 
         self.store.write(record)
+        self._step("group.record", t)
         faults.point("after_commit_record")
         assert self.intents is not None
         self.intents.drop(gen)
+
+    def _step(self, name: str, since: float) -> float:
+        """Sample the time a step of the group commit took (``.rw/stats``); returns now."""
+        now = time.perf_counter()
+        self.stats.sample(name, now - since)
+        return now
 
     def _settle_event_digests(self, item: Event) -> None:
         if item.incoming is not None:
