@@ -164,6 +164,14 @@ def mount(workspace: Path) -> Iterator[Mount]:
     check_clean(m)
 
 
+def mounted_beside(tmp_path: Path) -> tuple[Path, Path, Mount]:
+    """A workspace mounted at a separate mount point: its raw tree stays visible."""
+    ws, mp = tmp_path / "ws", tmp_path / "mnt"
+    ws.mkdir()
+    mp.mkdir()
+    return ws, mp, Mount(ws, mp).start()
+
+
 def check_clean(m: Mount) -> None:
     log = m.log_text()
     assert "Traceback" not in log, f"the daemon logged an exception:\n{log}"

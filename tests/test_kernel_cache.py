@@ -12,7 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
-from conftest import Mount, check_clean
+from conftest import Mount, check_clean, mounted_beside
 
 
 def ls(path: Path) -> list[str]:
@@ -80,10 +80,7 @@ def test_undo_of_a_deletion_shows_the_file_again(mount: Mount) -> None:
 def test_a_listing_follows_a_change_made_beside_the_mount(tmp_path: Path) -> None:
     """A separate mount point: the workspace can change under rwfs. The kernel asks again
     once the directory's attributes time out (1 s) and its mtime moved."""
-    ws, mp = tmp_path / "ws", tmp_path / "mnt"
-    ws.mkdir()
-    mp.mkdir()
-    m = Mount(ws, mp).start()
+    ws, mp, m = mounted_beside(tmp_path)
     try:
         assert ls(mp) == []
         (ws / "outside.txt").write_text("made directly\n")
@@ -137,10 +134,7 @@ def test_written_bytes_read_back_from_the_kernels_cache(mount: Mount) -> None:
 def test_a_file_changed_beside_the_mount_reads_new_bytes(tmp_path: Path) -> None:
     """A separate mount point: the same size, a new mtime. Once the attributes time out
     (1 s) the kernel sees the mtime moved and drops the pages it kept."""
-    ws, mp = tmp_path / "ws", tmp_path / "mnt"
-    ws.mkdir()
-    mp.mkdir()
-    m = Mount(ws, mp).start()
+    ws, mp, m = mounted_beside(tmp_path)
     try:
         (mp / "f.txt").write_text("aaaa\n")
         assert (mp / "f.txt").read_text() == "aaaa\n"  # now in the kernel's cache

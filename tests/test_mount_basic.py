@@ -6,14 +6,16 @@ import ctypes
 import errno
 import hashlib
 import json
+import mmap
 import os
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import Mount, check_clean
+from conftest import Mount, check_clean, mounted_beside
 
 
 def sha(data: bytes) -> str:
@@ -210,14 +212,6 @@ def test_streamed_hash_matches_the_bytes_after_any_write_pattern(mount: Mount) -
     assert status["fast_writes"] > 40
 
 
-def mounted_beside(tmp_path: Path) -> tuple[Path, Path, Mount]:
-    """A workspace mounted at a separate mount point: its raw tree stays visible."""
-    ws, mp = tmp_path / "ws", tmp_path / "mnt"
-    ws.mkdir()
-    mp.mkdir()
-    return ws, mp, Mount(ws, mp).start()
-
-
 def test_a_commit_leaves_its_directorys_times_alone(tmp_path: Path) -> None:
     """Rewriting a file leaves its directory's times alone, as on a plain filesystem,
     though the commit renames a stage into the directory. Times set on the directory
@@ -408,10 +402,7 @@ def test_a_pre_image_shared_with_another_name_is_kept_as_a_copy(tmp_path: Path) 
     """A file linked behind the mount while a stage is open: the commit keeps its old bytes,
     but that inode still has the other name, which is written in place. The kept object
     must be a copy, or it would change with that name."""
-    ws, mp = tmp_path / "ws", tmp_path / "mp"
-    ws.mkdir()
-    mp.mkdir()
-    m = Mount(ws, mp).start()
+    ws, mp, m = mounted_beside(tmp_path)
     try:
         (mp / "a.txt").write_text("one\n")
         with open(mp / "a.txt", "r+") as f:
@@ -430,3 +421,34 @@ def test_a_pre_image_shared_with_another_name_is_kept_as_a_copy(tmp_path: Path) 
         m.stop()
     res = m.fsck()
     assert "damaged" not in res.stdout, res.stdout
+
+
+def test_a_commit_queued_while_a_rename_waits_lands_before_it(workspace: Path) -> None:
+    """rename(x, y) first settles the commits queued at both names. A commit that x's
+    last release queues while the rename waits for y's (a large file: its stage takes a
+    while to sync) must be settled too, or it would find x gone (a conflict) and its bytes
+    would never reach y. (The kernel holds x's lock through the rename, which keeps most
+    commit points out; it sends a release without it.)"""
+    m = Mount(workspace).start()
+    try:
+        x, y = m.path / "x.txt", m.path / "y.txt"
+        x.write_text("x old\n")
+        journal(m)  # x's first version is in the tree
+        y.write_bytes(os.urandom(128 << 20))  # queued, not yet synced
+        fd = os.open(x, os.O_RDWR)
+        mapped = mmap.mmap(fd, 0)
+        os.close(fd)  # nothing written yet: the commit is left to the release
+        mapped[:5] = b"x new"
+        renamer = threading.Thread(target=os.rename, args=(x, y))
+        renamer.start()
+        time.sleep(0.02)  # the rename now waits for y's group
+        mapped.close()  # written back and released: x's commit is queued meanwhile
+        renamer.join(60)
+        assert not renamer.is_alive()
+        assert y.read_text() == "x new\n" and not x.exists()
+        events = journal(m)
+        assert [e for e in events if e["op"] == "conflict"] == []
+        assert any(e["op"] == "write" and e["intended"] == sha(b"x new\n") for e in events)
+    finally:
+        m.stop()
+    check_clean(m)

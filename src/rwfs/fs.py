@@ -387,20 +387,20 @@ class Operations(pyfuse3.Operations):
             await self.ws.sync()
             await commit.done.wait()
 
+    def _queued(self, path: bytes) -> list[Commit]:
+        """The commits at ``path`` or below it that are queued or being applied."""
+        prefix = path + b"/"
+        return [c for c in self.ws.unsettled() if c.path == path or c.path.startswith(prefix)]
+
     async def _settle_below(self, path: bytes) -> None:
-        """Settle the queued commits at ``path`` and, for a directory, below it: a queued
-        commit names its path, which a rename of a directory above it would make stale."""
+        """Settle the commits at ``path`` and, for a directory, below it: a queued commit
+        names its path, which a rename or removal would make stale."""
         inode = self.inodes.by_path.get(path)
         if inode is not None:
-            await self._settle(inode)
-        if inode is not None and not inode.is_dir:
-            return
-        prefix = path + b"/"
-        while busy := [
-            c.owner for c in self.ws.unsettled() if c.path.startswith(prefix) and c.owner
-        ]:
-            for i in busy:
-                await self._settle(i)
+            await self._settle(inode)  # its commit may not be queued yet
+        while busy := self._queued(path):
+            await self.ws.sync()
+            await busy[0].done.wait()
 
     def _committed(self, c: Commit) -> None:
         """Called by the committer (on the loop) once a queued commit is settled."""
@@ -1036,33 +1036,39 @@ class Operations(pyfuse3.Operations):
             # A rename in an open batch is a copy and a deletion (mv and most tools do
             # that on EXDEV), both held by the batch.
             raise pyfuse3.FUSEError(errno.EXDEV)
-        for p in (src, dst):
-            await self._settle_below(p)
-        sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
-        try:
-            dst_st: os.stat_result | None = os.stat(
-                dst, dir_fd=self.ws.root_fd, follow_symlinks=False
+        # Nothing queued may be left at either name when the rename runs: a commit names
+        # its path, which the rename would make stale (a conflict, ESTALE to a writer
+        # waiting in fsync). Writers can queue more while this waits or gates: again.
+        while True:
+            for p in (src, dst):
+                await self._settle_below(p)
+            sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            try:
+                dst_st: os.stat_result | None = os.stat(
+                    dst, dir_fd=self.ws.root_fd, follow_symlinks=False
+                )
+            except FileNotFoundError:
+                dst_st = None
+            # A hard-linked file (as in _remove): its rename is journaled, its bytes are
+            # neither hashed nor adopted, since its other names change them in place.
+            linked = stat.S_ISREG(sst.st_mode) and sst.st_nlink > 1
+            dst_linked = dst_st is not None and stat.S_ISREG(dst_st.st_mode) and dst_st.st_nlink > 1
+            is_dir = stat.S_ISDIR(sst.st_mode)
+            journaled = self._journaled(src, None if linked else sst, is_dir) or self._journaled(
+                dst, None if dst_linked else dst_st, is_dir
             )
-        except FileNotFoundError:
-            dst_st = None
-        # A hard-linked file (as in _remove): its rename is journaled, its bytes are
-        # neither hashed nor adopted, since its other names change them in place.
-        linked = stat.S_ISREG(sst.st_mode) and sst.st_nlink > 1
-        dst_linked = dst_st is not None and stat.S_ISREG(dst_st.st_mode) and dst_st.st_nlink > 1
-        is_dir = stat.S_ISDIR(sst.st_mode)
-        journaled = self._journaled(src, None if linked else sst, is_dir) or self._journaled(
-            dst, None if dst_linked else dst_st, is_dir
-        )
-        exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
-        if (
-            journaled
-            and not flags
-            and dst_st is not None
-            and stat.S_ISREG(dst_st.st_mode)
-            and stat.S_ISREG(sst.st_mode)
-            and not (linked or dst_linked)
-        ):
-            await self._gate_rename(src, dst, ctx)
+            exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
+            if (
+                journaled
+                and not flags
+                and dst_st is not None
+                and stat.S_ISREG(dst_st.st_mode)
+                and stat.S_ISREG(sst.st_mode)
+                and not (linked or dst_linked)
+            ):
+                await self._gate_rename(src, dst, ctx)
+            if not self._queued(src) and not self._queued(dst):
+                break
         incoming = None
         if (
             journaled
