@@ -12,12 +12,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "stress.py"
 
 
-def test_processes_racing_on_shared_names_break_nothing() -> None:
+@pytest.mark.parametrize("durability", ["group", "strict"])
+def test_processes_racing_on_shared_names_break_nothing(durability: str) -> None:
+    # Every operation; strict makes writers wait for their commits, group lets them queue.
+    cmd = [sys.executable, str(SCRIPT), "--seconds", "10", "--procs", "3"]
     res = subprocess.run(
-        [sys.executable, str(SCRIPT), "--seconds", "10", "--procs", "3"],  # every operation
+        [*cmd, "--durability", durability],
         capture_output=True,
         text=True,
         timeout=600,
