@@ -259,3 +259,36 @@ def test_a_plain_delete_is_a_batch_of_one_that_undo_reverses(mount: Mount) -> No
     (made,) = [e for e in events if e["op"] == "create" and e["path"] == "empty.txt"]
     _ctl(mount, f"undo {made['batch']}")
     assert not (mount.path / "empty.txt").exists()
+
+
+def _batch_of(m: Mount, op: str, path: str) -> str:
+    _ctl(m, "sync")
+    events = [json.loads(x) for x in (m.path / ".rw" / "journal").read_text().splitlines()]
+    return str([e for e in events if e["op"] == op and e["path"] == path][-1]["batch"])
+
+
+def test_undo_of_sed_i_puts_the_file_back_without_its_temporary_file(mount: Mount) -> None:
+    """sed -i writes a new temporary file and renames it over the file: undoing that
+    rename gives the file its old bytes and does not make the temporary file again."""
+    (mount.path / "a.txt").write_text("one\n")
+    subprocess.run(["sed", "-i", "s/one/two/", "a.txt"], cwd=mount.path, check=True)
+    assert (mount.path / "a.txt").read_text() == "two\n"
+    names = sorted(p.name for p in mount.path.iterdir())
+    _ctl(mount, "sync")
+    journal = [json.loads(x) for x in (mount.path / ".rw" / "journal").read_text().splitlines()]
+    (rename,) = [e for e in journal if e["op"] == "rename" and e.get("dest") == "a.txt"]
+    assert rename["path"].startswith("sed")
+    _ctl(mount, f"undo {rename['batch']}")
+    assert (mount.path / "a.txt").read_text() == "one\n"
+    assert sorted(p.name for p in mount.path.iterdir()) == names == ["a.txt"]
+
+
+def test_undo_of_a_rename_over_a_file_brings_both_back(mount: Mount) -> None:
+    """mv of a file another process made: undo puts back both names. Only a file the
+    renaming process made (and alone wrote) is taken as its temporary file."""
+    (mount.path / "a.txt").write_text("a\n")
+    (mount.path / "b.txt").write_text("b\n")
+    subprocess.run(["mv", "a.txt", "b.txt"], cwd=mount.path, check=True)
+    _ctl(mount, f"undo {_batch_of(mount, 'rename', 'a.txt')}")
+    assert (mount.path / "a.txt").read_text() == "a\n"
+    assert (mount.path / "b.txt").read_text() == "b\n"

@@ -449,24 +449,32 @@ class Batches:
 
     def changes_of(self, name: str) -> dict[bytes, tuple[str | None, str | None]]:
         """What undoing batch ``name`` means: path -> (bytes it holds after the batch,
-        bytes it held before); None stands for an absent file."""
+        bytes it held before); None stands for an absent file.
+
+        The source of a rename that the renaming process made itself, and that only it
+        wrote, is its temporary file (an editor's or ``sed -i``'s write-then-rename): the
+        undo does not make it again."""
         before: dict[bytes, str | None] = {}
         after: dict[bytes, str | None] = {}
+        made_by: dict[bytes, Any] = {}  # path -> pid of the process that made the file
         for ev in self.ws.store.events():
-            if ev.get("batch") != name or ev["op"] not in ("write", "create", "unlink", "rename"):
+            op = ev["op"]
+            if not ev.get("path"):  # (a gc)
                 continue
             path = os.fsencode(ev["path"])
-            if ev["op"] == "rename":
-                if ev.get("exchange") or not ev.get("intended"):
-                    continue  # a directory's rename or an exchange: not undone
-                dest = os.fsencode(ev["dest"])
-                before.setdefault(dest, ev.get("expected"))
-                after[dest] = ev["intended"]
-                before.setdefault(path, ev["intended"])
-                after[path] = None
-            else:
-                before.setdefault(path, None if ev["op"] == "create" else ev.get("expected"))
-                after[path] = None if ev["op"] == "unlink" else ev.get("intended")
+            if ev.get("batch") == name and op in ("write", "create", "unlink"):
+                before.setdefault(path, None if op == "create" else ev.get("expected"))
+                after[path] = None if op == "unlink" else ev.get("intended")
+            elif ev.get("batch") == name and op == "rename" and ev.get("intended"):
+                if not ev.get("exchange"):  # (nor is a directory's rename undone)
+                    dest = os.fsencode(ev["dest"])
+                    before.setdefault(dest, ev.get("expected"))
+                    after[dest] = ev["intended"]
+                    pid = ev.get("pid")
+                    temporary = pid is not None and made_by.get(path) == pid
+                    before.setdefault(path, None if temporary else ev["intended"])
+                    after[path] = None
+            _track_maker(made_by, op, path, ev)
         return {p: (after[p], before[p]) for p in after if after[p] != before[p]}
 
     async def replay(
@@ -931,3 +939,23 @@ def _recover_committing(
         for c in batches.resume_now(batch):
             ws.settle(c)  # before the mount is served: only drops what is to go
         summary["performed"] += owed - unreadable
+
+
+def _track_maker(made_by: dict[bytes, Any], op: str, path: bytes, ev: dict[str, Any]) -> None:
+    """Follow which process made the file now at each path (for ``changes_of``); "" once
+    another process wrote it."""
+    if op == "create" or (op == "write" and ev.get("expected") is None):
+        made_by[path] = ev.get("pid")
+    elif op == "write" and made_by.get(path) != ev.get("pid"):
+        made_by[path] = ""
+    elif op == "unlink":
+        made_by.pop(path, None)
+    elif op == "rename" and ev.get("dest"):
+        dest = os.fsencode(ev["dest"])
+        moved = made_by.pop(path, None)
+        if ev.get("exchange"):
+            made_by[path] = made_by.pop(dest, None)
+        if moved is not None:
+            made_by[dest] = moved
+        else:
+            made_by.pop(dest, None)
