@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import RWFS, Mount, check_clean
+from conftest import RWFS, Mount, check_clean, mounted_beside
 
 
 def _ctl(m: Mount, text: str) -> None:
@@ -53,6 +54,30 @@ def test_history_starts_with_the_bytes_before_rwfs(workspace: Path) -> None:
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_a_newest_version_lost_behind_the_mount_reads_as_an_error(tmp_path: Path) -> None:
+    """The newest version of a file is kept only as the live file. Changed in the raw
+    tree (beside a separate mount point), that version is gone: reading it fails with
+    ESTALE and says why, rather than giving empty bytes."""
+    ws, mp, m = mounted_beside(tmp_path)
+    try:
+        (mp / "a.txt").write_text("one\n")
+        (mp / "a.txt").write_text("two\n")
+        _ctl(m, "sync")
+        (ws / "a.txt").write_text("changed behind rwfs\n")
+        top = mp / ".rw" / "history" / "a.txt"
+        oldest, newest = sorted(p.name for p in top.iterdir())[-2:]
+        assert (top / oldest).read_text() == "one\n"
+        with pytest.raises(OSError) as err:
+            (top / newest).read_text()
+        assert err.value.errno == errno.ESTALE
+        envelope = _envelope(m)
+        assert envelope["error"] == "stale_precondition" and "outside the mount" in str(
+            envelope["message"]
+        )
+    finally:
+        m.stop()
 
 
 def test_snapshot_view_stays_put_while_files_change(mount: Mount) -> None:

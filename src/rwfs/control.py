@@ -502,7 +502,18 @@ class HistoryViews:
                 return conflicts.object_bytes(ws, v.digest)
             if ws.live_digest(path)[0] == v.digest:  # the newest: the live file
                 return conflicts.live_bytes(ws, os.fsdecode(path))
-            return b""  # no longer retained
+            # Only the live file held it, and something changed that file behind rwfs
+            # (in the raw tree, beside a separate mount point).
+            raise RwfsError(
+                errno.ESTALE,
+                "stale_precondition",
+                "drift",
+                f"This version of {os.fsdecode(path)} is no longer anywhere: the file was "
+                "changed outside the mount, so it now holds other bytes, and rwfs kept no "
+                "copy of this, its newest journaled version. Read the file itself, or an "
+                "older version.",
+                path=os.fsdecode(b".rw/history/" + path + b"/" + v.name.encode()),
+            )
 
         return render
 
