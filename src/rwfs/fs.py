@@ -1036,6 +1036,7 @@ class Operations(pyfuse3.Operations):
             # A rename in an open batch is a copy and a deletion (mv and most tools do
             # that on EXDEV), both held by the batch.
             raise pyfuse3.FUSEError(errno.EXDEV)
+        exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
         # Nothing queued may be left at either name when the rename runs: a commit names
         # its path, which the rename would make stale (a conflict, ESTALE to a writer
         # waiting in fsync). Writers can queue more while this waits or gates: again.
@@ -1057,7 +1058,6 @@ class Operations(pyfuse3.Operations):
             journaled = self._journaled(src, None if linked else sst, is_dir) or self._journaled(
                 dst, None if dst_linked else dst_st, is_dir
             )
-            exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
             if (
                 journaled
                 and not flags
