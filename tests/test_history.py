@@ -34,9 +34,10 @@ def test_history_lists_every_version_across_rename_and_delete(mount: Mount) -> N
     (src / "app.py").rename(src / "main.py")
     (src / "main.py").write_text("v3\n")
     (src / "main.py").unlink()
-    assert _versions(mount, "src/app.py") == ["", "v1\n", "v2\n"]  # created empty, then two
+    # A new file's empty start is not a version once it has bytes.
+    assert _versions(mount, "src/app.py") == ["v1\n", "v2\n"]
     # The new name carries the old one's versions; the deleted file's last bytes are kept.
-    assert _versions(mount, "src/main.py") == ["", "v1\n", "v2\n", "v3\n"]
+    assert _versions(mount, "src/main.py") == ["v1\n", "v2\n", "v3\n"]
     names = sorted(p.name for p in (mount.path / ".rw" / "history" / "src" / "main.py").iterdir())
     assert all(n[:6].isdigit() and "T" in n for n in names)  # LSN first: ls sorts by time
     res = subprocess.run(
@@ -219,7 +220,7 @@ def test_gc_keeps_what_snapshots_and_history_need(mount: Mount) -> None:
         f.write_text(f"v{i}\n")
         _ctl(mount, "sync")
     listed = _versions(mount, "a.txt")
-    assert listed == ["", "v0\n", "v1\n", "v2\n", "v3\n"]
+    assert listed == ["v0\n", "v1\n", "v2\n", "v3\n"]
     # Within retain_days nothing goes.
     res = subprocess.run([*RWFS, "gc", str(mount.path)], capture_output=True, text=True)
     assert res.returncode == 0 and "removed 0 objects" in res.stdout, res.stdout + res.stderr
@@ -317,3 +318,42 @@ def test_undo_of_a_rename_over_a_file_brings_both_back(mount: Mount) -> None:
     _ctl(mount, f"undo {_batch_of(mount, 'rename', 'a.txt')}")
     assert (mount.path / "a.txt").read_text() == "a\n"
     assert (mount.path / "b.txt").read_text() == "b\n"
+
+
+def test_saves_by_rename_keep_the_target_in_snapshots_restore_and_history(
+    workspace: Path,
+) -> None:
+    """sed -i and os.replace write a temporary and rename it over the target: the target
+    existed throughout, its version 0 is its bytes before the mount, each save is one
+    version, and the temporaries are not listed."""
+    (workspace / "a.py").write_text("def a():\n    return 1\n")
+    (workspace / "b.py").write_text("def b():\n    return 2\n")
+    (workspace / "c.txt").write_text("c\n")
+    m = Mount(workspace).start()
+    try:
+        (m.path / ".rw" / "snapshots" / "before").mkdir()
+        for n in ("10", "100", "1000"):
+            subprocess.run(
+                ["sed", "-i", f"s/return 1.*/return {n}/", "a.py"], cwd=m.path, check=True
+            )
+        tmp = m.path / "b.tmp"
+        tmp.write_text("def b():\n    return 20\n")
+        tmp.replace(m.path / "b.py")
+        (m.path / "c.txt").write_text("c2\n")
+        tree = m.path / ".rw" / "snapshots" / "before" / "tree"
+        assert sorted(p.name for p in tree.iterdir()) == ["a.py", "b.py", "c.txt"]
+        assert (tree / "a.py").read_text() == "def a():\n    return 1\n"
+        assert _versions(m, "a.py") == [
+            f"def a():\n    return {n}\n" for n in ("1", "10", "100", "1000")
+        ]
+        assert _versions(m, "b.py") == ["def b():\n    return 2\n", "def b():\n    return 20\n"]
+        listed = sorted(p.name for p in (m.path / ".rw" / "history").iterdir())
+        assert listed == ["a.py", "b.py", "c.txt"], listed
+        _ctl(m, "restore before")
+        assert (m.path / "a.py").read_text() == "def a():\n    return 1\n"
+        assert (m.path / "b.py").read_text() == "def b():\n    return 2\n"
+        assert (m.path / "c.txt").read_text() == "c\n"
+        assert sorted(p.name for p in m.path.iterdir()) == ["a.py", "b.py", "c.txt"]
+    finally:
+        m.stop()
+    check_clean(m)

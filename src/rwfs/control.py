@@ -103,6 +103,9 @@ class CDir(CNode):
     # Directories that take files (scratch/, chunks/NAME/): a new entry, and its removal.
     create: Callable[[bytes], CFile] | None = None
     unlink: Callable[[bytes], Awaitable[None]] | None = None
+    # A name not among the children: made on lookup (history/ of a path it does not list).
+    find: Callable[[bytes], CNode | None] | None = None
+    unlisted: set[bytes] = field(default_factory=set)  # children readdir does not show
 
 
 class Control:
@@ -174,7 +177,7 @@ class Control:
     def listing(self, parent: CDir) -> list[bytes]:
         if parent.refresh is not None:
             parent.refresh()
-        return sorted(parent.children)
+        return sorted(set(parent.children) - parent.unlisted)
 
     def remove(self, parent: CDir, name: bytes) -> None:
         node = parent.children.pop(name, None)
@@ -190,6 +193,8 @@ class Control:
         if parent.refresh is not None:
             parent.refresh()
         node = parent.children.get(name)
+        if node is None and parent.find is not None and name not in (b".", b".."):
+            return parent.find(name)
         if node is not None or parent.mirror is None or name in (b".", b".."):
             return node
         view, top = parent.mirror
@@ -477,18 +482,36 @@ class HistoryViews:
         self.c = control
         self.node = node
         self.prefix = prefix
-        node.refresh, node.settle = self.refresh, True
+        node.refresh, node.settle, node.find = self.refresh, True, self.find
+
+    def _path(self, name: bytes) -> bytes:
+        return self.prefix + b"/" + name if self.prefix else name
+
+    def _child(self, name: bytes) -> CDir:
+        child = self.c.mkdir(self.node, name)
+        if child.refresh is None:
+            HistoryViews(self.c, child, self._path(name))
+        return child
+
+    def find(self, name: bytes) -> CNode | None:
+        """A path ``history/`` does not list (a temporary file renamed over its target, a
+        removed copy of bytes another path keeps) is still there by name."""
+        if name not in self.c.history.children(self.prefix):
+            return None
+        self.node.unlisted.add(name)
+        return self._child(name)
 
     def refresh(self) -> None:
         h = self.c.history
-        for name in h.children(self.prefix) - set(self.node.children):
-            child = self.c.mkdir(self.node, name)
-            HistoryViews(self.c, child, self.prefix + b"/" + name if self.prefix else name)
-        versions = h.versions(self.prefix) if self.prefix else []
-        for v in versions:
+        listed = h.children(self.prefix, listed=True)
+        for name in listed:
+            self._child(name)
+        dirs = {n for n, c in self.node.children.items() if isinstance(c, CDir)}
+        self.node.unlisted = dirs - listed
+        for v in h.versions(self.prefix) if self.prefix else []:
             key = v.name.encode()
             # The newest version of a path that exists is its live file.
-            current = v is versions[-1] and h.paths[self.prefix][-1].digest == v.digest
+            current = v.digest == h.paths[self.prefix][-1].digest
             retained = current or self.c.ws.objects.exists(str(v.digest))
             if key not in self.node.children and retained:
                 self.c.add(self.node, key, self._reader(v)).slow = True

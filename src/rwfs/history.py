@@ -1,14 +1,30 @@
 """History (SPEC §8): every version of every journaled path, read from the journal.
 
-The journal's events say which bytes each path held after each LSN: a ``write`` gives it
-its ``intended`` digest, an ``unlink`` takes it away, a ``rename`` moves a path's (or a
-directory's) history to its destination, which keeps its own earlier versions too. The
-first event of a path also names the bytes it held before rwfs journaled it (the
-``expected`` digest of that event). Bytes of old versions live in the object store (the
-pre-images every commit keeps); the newest is the live file.
+Two things are kept per path, because snapshots and a person browsing ``history/`` ask
+different questions:
 
-``History`` is an index over the events, brought up to date incrementally; ``state_at``
-answers what a path held at a given LSN (snapshots, restore).
+- its **timeline**: exactly which bytes the *name* held after each LSN (``paths``). A
+  ``write`` gives it its ``intended`` digest, an ``unlink`` takes it away, a ``rename`` takes
+  it away from the source and gives the destination the moved bytes, as one new version —
+  the destination's earlier versions stay its own, and the source's do not become the
+  destination's. The first event of a path also names the bytes it held before rwfs
+  journaled it (version 0): a write's or unlink's ``expected``, a rename's ``expected`` for
+  the destination it replaced and its ``intended`` for the source that moved. ``state_at``
+  reads timelines only: snapshots and restore see a file saved by write-a-temporary-then-
+  rename as existing throughout, with its old bytes before the rename.
+- its **lineage**: a file renamed to a name where nothing was keeps the versions it had
+  under its old name (``origins``). ``versions`` lists them together with the name's own,
+  oldest first, each distinct run of bytes once.
+
+``listed`` is the set of paths ``history/`` shows: every path that exists now, and a removed
+path only if it held bytes that no listed path's versions hold. A temporary file an editor
+or ``sed -i`` wrote and renamed over its target held nothing but the target's new version,
+so it is not listed (it can still be looked up by name). The empty version a ``create``
+gives a new file is not listed once the file has other bytes.
+
+Bytes of old versions live in the object store (the pre-images every commit keeps); the
+newest is the live file. ``History`` is an index over the events, brought up to date
+incrementally.
 """
 
 from __future__ import annotations
@@ -18,6 +34,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .objects import EMPTY_DIGEST
 from .store import Store
 
 
@@ -26,6 +43,7 @@ class Version:
     lsn: int  # the event that gave the path these bytes (0: before rwfs journaled it)
     ts: str
     digest: str | None  # None: the path did not exist from this LSN on
+    made: bool = False  # the empty file a create made
 
     @property
     def name(self) -> str:
@@ -38,7 +56,10 @@ class History:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.lsn = 0
-        self.paths: dict[bytes, list[Version]] = {}
+        self.paths: dict[bytes, list[Version]] = {}  # timelines
+        # path -> [(lsn, source)]: at lsn, the file at source moved here while nothing was.
+        self.origins: dict[bytes, list[tuple[int, bytes]]] = {}
+        self._listed: tuple[int, set[bytes]] | None = None
 
     def refresh(self) -> None:
         last = self.store.meta_int(b"lsn")
@@ -48,55 +69,135 @@ class History:
             self._apply(ev)
             self.lsn = ev["lsn"]
 
-    def _add(self, path: bytes, ev: dict[str, Any], digest: str | None) -> None:
-        got = self.paths.setdefault(path, [])
-        if not got and ev.get("expected"):  # the bytes it held before this first event
-            got.append(Version(0, ev["ts"], ev["expected"]))
+    def _add(
+        self,
+        path: bytes,
+        ev: dict[str, Any],
+        digest: str | None,
+        before: str | None = None,
+        made: bool = False,
+    ) -> None:
+        """Give ``path`` these bytes from this event on; ``before``: the bytes it held
+        before rwfs journaled it, if this is its first event (version 0)."""
+        got = self.paths.get(path)
+        if got is None:
+            got = self.paths[path] = [Version(0, ev["ts"], before)] if before else []
         if not got or got[-1].digest != digest:
-            got.append(Version(ev["lsn"], ev["ts"], digest))
+            got.append(Version(ev["lsn"], ev["ts"], digest, made))
+
+    def _now(self, path: bytes) -> str | None:
+        got = self.paths.get(path)
+        return got[-1].digest if got else None
 
     def _apply(self, ev: dict[str, Any]) -> None:
         op = ev["op"]
         path = os.fsencode(ev.get("path") or "")
-        if op in ("write", "create", "resolve") and ev.get("intended"):
-            self._add(path, ev, ev["intended"])
+        if op == "create" and ev.get("intended"):
+            made = ev["intended"] == EMPTY_DIGEST
+            self._add(path, ev, ev["intended"], ev.get("expected"), made)
+        elif op in ("write", "resolve") and ev.get("intended"):
+            self._add(path, ev, ev["intended"], ev.get("expected"))
         elif op == "unlink":
-            self._add(path, ev, None)
+            self._add(path, ev, None, ev.get("expected"))
         elif op == "rename":
             dest = os.fsencode(ev["dest"])
             if ev.get("exchange"):
-                self._swap(path, dest)
-                return
-            for src in [p for p in self.paths if p == path or p.startswith(path + b"/")]:
-                moved = self.paths[src]
-                dst = dest + src[len(path) :]
-                here = self.paths.get(dst, [])
-                self.paths[dst] = sorted(here + moved, key=lambda v: v.lsn)
-                self._add(dst, ev, moved[-1].digest)
-                self._add(src, ev, None)
-            if ev.get("intended"):
-                self._add(dest, ev, ev["intended"])
+                self._exchange(path, dest, ev)
+            else:
+                self._rename(path, dest, ev)
 
-    def _swap(self, a: bytes, b: bytes) -> None:
-        moves = {}
-        for p in list(self.paths):
-            for src, dst in ((a, b), (b, a)):
-                if p == src or p.startswith(src + b"/"):
-                    moves[dst + p[len(src) :]] = self.paths.pop(p)
-        self.paths.update(moves)
+    def _below(self, top: bytes) -> list[bytes]:
+        return [p for p in self.paths if p == top or p.startswith(top + b"/")]
+
+    def _move(self, moves: dict[bytes, tuple[bytes, str | None]], ev: dict[str, Any]) -> None:
+        """``moves``: destination -> (source, the bytes it gets; None: nothing came)."""
+        for d, (src, digest) in moves.items():
+            if digest is None:
+                if d in self.paths:
+                    self._add(d, ev, None)
+                continue
+            self.origins.setdefault(d, []).append((ev["lsn"], src))
+            self._add(d, ev, digest)
+
+    def _rename(self, src: bytes, dest: bytes, ev: dict[str, Any]) -> None:
+        # The moved file's bytes: the event's own digest, else what the journal last saw
+        # (None: a directory, whose files move below it).
+        moved = ev.get("intended") or self._now(src)
+        if moved is not None:
+            if dest not in self.paths and ev.get("expected"):  # the file it replaced
+                self.paths[dest] = [Version(0, ev["ts"], ev["expected"])]
+            if src not in self.paths:  # a file rwfs had not journaled before it moved
+                self.paths[src] = [Version(0, ev["ts"], moved)]
+        moves: dict[bytes, tuple[bytes, str | None]] = {}
+        for p in self._below(src):
+            moves[dest + p[len(src) :]] = (p, moved if p == src else self._now(p))
+            moves.setdefault(p, (p, None))
+        self._move(moves, ev)
+
+    def _exchange(self, a: bytes, b: bytes, ev: dict[str, Any]) -> None:
+        moves: dict[bytes, tuple[bytes, str | None]] = {}
+        for x, y in ((a, b), (b, a)):
+            for p in self._below(x):
+                moves[y + p[len(x) :]] = (p, self._now(p))
+        for x in (a, b):
+            for p in self._below(x):
+                moves.setdefault(p, (p, None))  # nothing came back to it
+        self._move(moves, ev)
+
+    def _lineage(self, path: bytes) -> list[Version]:
+        """Every version of ``path``'s own timeline and of the files that moved to it,
+        each before it moved."""
+        bound = {path: self.lsn + 1}
+        todo = [path]
+        while todo:
+            p = todo.pop()
+            for lsn, src in self.origins.get(p, []):
+                if lsn < bound[p] and bound.get(src, -1) < lsn:
+                    bound[src] = lsn
+                    todo.append(src)
+        return [v for p, b in bound.items() for v in self.paths.get(p, []) if v.lsn < b]
 
     def versions(self, path: bytes) -> list[Version]:
-        """The versions of ``path`` that had bytes, oldest first."""
+        """The versions of ``path`` that had bytes, with those of the files renamed to it,
+        oldest first; a run of the same bytes once (its first)."""
         self.refresh()
-        return [v for v in self.paths.get(path, []) if v.digest is not None]
+        own = self.paths.get(path, [])
+        out: list[Version] = []
+        every = sorted(self._lineage(path), key=lambda v: v.lsn)
+        for v in every:
+            if v.digest is None:
+                continue
+            if v.made and v is not (own[-1] if own else None):
+                continue  # a new file's empty start, superseded
+            if out and out[-1].digest == v.digest:
+                continue
+            out.append(v)
+        return out
 
-    def children(self, prefix: bytes) -> set[bytes]:
-        """Names directly below ``prefix`` (b"" for the top) of paths with a history."""
+    def listed(self) -> set[bytes]:
+        """The paths ``history/`` lists: those that exist, and removed ones that held
+        bytes no listed path's versions hold."""
+        self.refresh()
+        if self._listed is not None and self._listed[0] == self.lsn:
+            return self._listed[1]
+        live = {p for p, got in self.paths.items() if got and got[-1].digest is not None}
+        kept = {v.digest for p in live for v in self.versions(p)}
+        gone = {
+            p
+            for p in self.paths
+            if p not in live and any(v.digest not in kept for v in self.versions(p))
+        }
+        self._listed = (self.lsn, live | gone)
+        return live | gone
+
+    def children(self, prefix: bytes, listed: bool = False) -> set[bytes]:
+        """Names directly below ``prefix`` (b"" for the top) of paths with a history (with
+        ``listed``: of the paths ``history/`` lists)."""
         self.refresh()
         start = prefix + b"/" if prefix else b""
         return {
             p[len(start) :].split(b"/", 1)[0]
-            for p in self.paths
+            for p in (self.listed() if listed else self.paths)
             if p.startswith(start) and len(p) > len(start)
         }
 

@@ -1,0 +1,168 @@
+"""The history index in-process (no mount): timelines, lineage and what history/ lists,
+for the event sequences real programs' saves leave in the journal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rwfs.history import History
+from rwfs.objects import EMPTY_DIGEST
+from rwfs.store import Store
+
+OLD, V1, V2, V3, OTHER = (f"sha256:{c * 64}" for c in "abcde")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(str(tmp_path / "journal"))
+    yield s
+    s.close()
+
+
+def journal(store: Store, *events: dict[str, Any]) -> list[int]:
+    """Append the events; return their LSNs."""
+    lsns = []
+    for ev in events:
+        lsns.append(store.write(lambda txn, ev=ev: txn.append_event(dict(ev))))
+    return lsns
+
+
+def create(p: str) -> dict[str, Any]:
+    return {"op": "create", "path": p, "intended": EMPTY_DIGEST}
+
+
+def write(p: str, old: str | None, new: str) -> dict[str, Any]:
+    return {"op": "write", "path": p, "expected": old, "intended": new}
+
+
+def rename(src: str, dst: str, replaced: str | None, moved: str | None) -> dict[str, Any]:
+    return {"op": "rename", "path": src, "dest": dst, "expected": replaced, "intended": moved}
+
+
+def unlink(p: str, old: str) -> dict[str, Any]:
+    return {"op": "unlink", "path": p, "expected": old}
+
+
+def digests(h: History, p: str) -> list[str | None]:
+    return [v.digest for v in h.versions(p.encode())]
+
+
+def sed_i(store: Store, target: str, tmp: str, old: str, new: str) -> list[int]:
+    """What `sed -i` leaves: a temporary created, written, renamed over the target."""
+    return journal(store, create(tmp), write(tmp, EMPTY_DIGEST, new), rename(tmp, target, old, new))
+
+
+def test_a_save_by_rename_is_one_version_of_the_target(store: Store) -> None:
+    (before,) = journal(store, write("c.txt", OTHER, V3))
+    sed_i(store, "a.py", "sedAbc123", OLD, V1)
+    sed_i(store, "a.py", "sedDef456", V1, V2)
+    h = History(store)
+    # Version 0 is the target's bytes before rwfs changed it; no empty version.
+    assert digests(h, "a.py") == [OLD, V1, V2]
+    # Snapshots and restore: the target existed throughout, with its old bytes.
+    assert h.state_at(b"a.py", before) == (True, OLD)
+    assert h.state_at(b"sedAbc123", before) == (True, None)  # made since
+    # The temporaries held nothing the target's history does not: not listed, still found.
+    assert h.children(b"", listed=True) == {b"a.py", b"c.txt"}
+    assert h.children(b"") == {b"a.py", b"c.txt", b"sedAbc123", b"sedDef456"}
+    assert digests(h, "sedAbc123") == [V1]
+
+
+def test_os_replace_of_a_file_the_journal_never_saw(store: Store) -> None:
+    """A temporary under a passthrough name: only the rename is journaled."""
+    (before,) = journal(store, write("c.txt", OTHER, V3))
+    journal(store, rename("b.tmp", "b.py", OLD, V1))
+    h = History(store)
+    assert digests(h, "b.py") == [OLD, V1]
+    assert h.state_at(b"b.py", before) == (True, OLD)
+    assert h.state_at(b"b.tmp", before) == (True, V1)  # it existed, with those bytes
+    assert h.children(b"", listed=True) == {b"b.py", b"c.txt"}
+
+
+def test_a_move_to_a_free_name_carries_the_files_history(store: Store) -> None:
+    lsns = journal(
+        store,
+        create("app.py"),
+        write("app.py", EMPTY_DIGEST, V1),
+        write("app.py", V1, V2),
+        rename("app.py", "main.py", None, V2),
+        write("main.py", V2, V3),
+    )
+    h = History(store)
+    assert digests(h, "app.py") == [V1, V2]
+    assert digests(h, "main.py") == [V1, V2, V3]
+    # The name main.py did not exist before the move; app.py did not after it.
+    assert h.state_at(b"main.py", lsns[2]) == (True, None)
+    assert h.state_at(b"app.py", lsns[4]) == (False, None)
+    assert h.children(b"", listed=True) == {b"main.py"}
+
+
+def test_a_removed_file_with_bytes_of_its_own_stays_listed(store: Store) -> None:
+    journal(store, write("keep.txt", OLD, V1), write("gone.txt", OTHER, V2), unlink("gone.txt", V2))
+    journal(store, write("copy.txt", None, V1), unlink("copy.txt", V1))
+    h = History(store)
+    assert h.children(b"", listed=True) == {b"keep.txt", b"gone.txt"}
+    assert digests(h, "gone.txt") == [OTHER, V2]
+
+
+def test_an_editor_backup_rename_keeps_version_zero(store: Store) -> None:
+    """vim's save: rename the file to a backup name, write a new file, remove the backup."""
+    (before,) = journal(store, write("x.txt", OTHER, V3))
+    journal(
+        store,
+        rename("a.py", "a.py~", None, OLD),
+        create("a.py"),
+        write("a.py", EMPTY_DIGEST, V1),
+        unlink("a.py~", OLD),
+    )
+    h = History(store)
+    assert digests(h, "a.py") == [OLD, V1]
+    assert h.state_at(b"a.py", before) == (True, OLD)
+    assert h.children(b"", listed=True) == {b"a.py", b"x.txt"}
+
+
+def test_a_directory_rename_moves_the_files_below_it(store: Store) -> None:
+    lsns = journal(
+        store,
+        write("d/a", OLD, V1),
+        rename("d", "e", None, None),
+        write("e/a", V1, V2),
+    )
+    h = History(store)
+    assert digests(h, "e/a") == [OLD, V1, V2]
+    assert h.state_at(b"e/a", lsns[0]) == (True, None)
+    assert h.state_at(b"d/a", lsns[0]) == (True, V1)
+    assert b"d" not in h.paths and b"e" not in h.paths  # directories have no timeline
+    assert h.children(b"", listed=True) == {b"e"}
+
+
+def test_an_exchange_swaps_what_each_name_holds(store: Store) -> None:
+    lsns = journal(
+        store,
+        write("a", OLD, V1),
+        write("b", OTHER, V2),
+        {**rename("a", "b", None, None), "exchange": True},
+    )
+    h = History(store)
+    assert h.state_at(b"a", lsns[1]) == (True, V1)
+    assert h.state_at(b"a", lsns[2]) == (False, V2)
+    assert h.state_at(b"b", lsns[2]) == (False, V1)
+
+
+def test_a_new_file_lists_no_empty_start_but_an_empty_file_lists_its_bytes(store: Store) -> None:
+    journal(store, create("new.py"), write("new.py", EMPTY_DIGEST, V1), create("empty"))
+    h = History(store)
+    assert digests(h, "new.py") == [V1]
+    assert digests(h, "empty") == [EMPTY_DIGEST]
+
+
+def test_lineage_of_names_swapped_back_and_forth_stays_small(store: Store) -> None:
+    journal(store, write("a", OLD, V1), write("b", OTHER, V2))
+    for _ in range(60):  # exponential if each hop were followed once per way in
+        journal(store, {**rename("a", "b", None, None), "exchange": True})
+    h = History(store)
+    assert set(digests(h, "a")) == {OLD, OTHER, V1, V2}
