@@ -166,3 +166,10 @@ def test_lineage_of_names_swapped_back_and_forth_stays_small(store: Store) -> No
         journal(store, {**rename("a", "b", None, None), "exchange": True})
     h = History(store)
     assert set(digests(h, "a")) == {OLD, OTHER, V1, V2}
+
+
+def test_of_a_removed_target_and_its_temporary_only_the_target_is_listed(store: Store) -> None:
+    sed_i(store, "c.py", ".rsync.Q7x9Zk", OLD, V1)
+    journal(store, unlink("c.py", V1))
+    h = History(store)
+    assert h.children(b"", listed=True) == {b"c.py"}

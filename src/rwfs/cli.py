@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Callable
@@ -204,8 +205,8 @@ def _attempt(mount: str, action: Callable[[], object]) -> None:
 
 def _verb(mount: str, ctl: str, verb: str) -> None:
     def write() -> None:
-        with open(ctl, "w") as f:
-            f.write(verb + "\n")
+        with open(ctl, "wb") as f:
+            f.write(os.fsencode(verb) + b"\n")
 
     _attempt(mount, write)
 
@@ -306,9 +307,8 @@ def cmd_restore(a: argparse.Namespace) -> int:
     for p in a.paths:
         full = os.path.realpath(p)
         paths.append(os.path.relpath(full, base) if full.startswith(base + os.sep) else p)
-    if any(" " in p or "\n" in p for p in paths):
-        raise QuietError("paths with spaces cannot be restored by name yet; restore everything")
-    _verb(mount, _control(mount, "ctl"), " ".join(["restore", a.name, *paths]))
+    # Quoted as a shell would: a path may hold blanks, newlines, quotes, any bytes.
+    _verb(mount, _control(mount, "ctl"), " ".join(["restore", a.name, *map(shlex.quote, paths)]))
     print(f"rwfs: restored {', '.join(paths) or 'the workspace'} to snapshot {a.name}")
     return 0
 

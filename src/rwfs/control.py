@@ -41,13 +41,58 @@ Writer = Callable[[bytes, dict[str, Any]], Awaitable[None]]
 Verb = Callable[[list[str], dict[str, Any]], Awaitable[None]]
 
 
+def split_verbs(text: str) -> list[list[str]]:
+    """Lines of words, as a POSIX shell splits them: blanks separate words, a newline
+    separates verbs, and quotes ('…', "…") or a backslash keep blanks, newlines and quotes
+    in a word — so a path of any bytes can be named (``shlex.quote`` writes it).
+
+    ValueError on an unterminated quote."""
+    lines: list[list[str]] = []
+    words: list[str] = []
+    word: list[str] = []
+    quote, escaped, started = "", False, False
+    for ch in text + "\n":
+        if escaped:
+            if ch != "\n":  # a backslash before a newline continues the line
+                word.append(ch)
+                started = True
+            escaped = False
+        elif quote == "'":
+            if ch == "'":
+                quote = ""
+            else:
+                word.append(ch)
+        elif ch == "\\":
+            escaped = True
+        elif quote == '"':
+            if ch == '"':
+                quote = ""
+            else:
+                word.append(ch)
+        elif ch in "'\"":
+            quote, started = ch, True
+        elif ch in " \t\r\n":
+            if started:
+                words.append("".join(word))
+                word, started = [], False
+            if ch == "\n" and words:
+                lines.append(words)
+                words = []
+        else:
+            word.append(ch)
+            started = True
+    if quote or escaped:
+        raise ValueError("an unterminated quote")
+    return lines
+
+
 def verb_file(verbs: dict[str, Verb], where: str) -> Writer:
     """A ``ctl`` file: each line written is a verb and its arguments, run in order."""
 
     async def write(data: bytes, who: dict[str, Any]) -> None:
-        try:
-            lines = [ln.split() for ln in data.decode("utf-8").splitlines() if ln.strip()]
-        except UnicodeDecodeError:
+        try:  # surrogate escapes: a path argument may hold any bytes
+            lines = split_verbs(os.fsdecode(data))
+        except ValueError:
             lines = []
         if not lines or any(words[0] not in verbs for words in lines):
             raise RwfsError(
@@ -508,23 +553,29 @@ class HistoryViews:
             self._child(name)
         dirs = {n for n, c in self.node.children.items() if isinstance(c, CDir)}
         self.node.unlisted = dirs - listed
+        wanted = {}
         for v in h.versions(self.prefix) if self.prefix else []:
-            key = v.name.encode()
-            # The newest version of a path that exists is its live file.
-            current = v.digest == h.paths[self.prefix][-1].digest
-            retained = current or self.c.ws.objects.exists(str(v.digest))
-            if key not in self.node.children and retained:
+            # Readable: kept as an object, or a live file holds it (this one, or the one
+            # it was renamed to).
+            if self.c.ws.objects.exists(str(v.digest)) or h.holders(str(v.digest)):
+                wanted[v.name.encode()] = v
+        for key in [k for k, c in self.node.children.items() if isinstance(c, CFile)]:
+            if key not in wanted:  # gone by gc, or no longer a version of this path
+                self.c.remove(self.node, key)
+        for key, v in wanted.items():
+            if key not in self.node.children:
                 self.c.add(self.node, key, self._reader(v)).slow = True
 
     def _reader(self, v: Version) -> Callable[[], bytes]:
-        path, ws = self.prefix, self.c.ws
+        path, ws, h = self.prefix, self.c.ws, self.c.history
 
         def render() -> bytes:
             assert v.digest is not None
             if ws.objects.exists(v.digest):
                 return conflicts.object_bytes(ws, v.digest)
-            if ws.live_digest(path)[0] == v.digest:  # the newest: the live file
-                return conflicts.live_bytes(ws, os.fsdecode(path))
+            for p in sorted(h.holders(v.digest), key=lambda p: p != path):
+                if ws.live_digest(p)[0] == v.digest:  # a live file: this one, or where it went
+                    return conflicts.live_bytes(ws, os.fsdecode(p))
             # Only the live file held it, and something changed that file behind rwfs
             # (in the raw tree, beside a separate mount point).
             raise RwfsError(

@@ -60,6 +60,7 @@ class History:
         # path -> [(lsn, source)]: at lsn, the file at source moved here while nothing was.
         self.origins: dict[bytes, list[tuple[int, bytes]]] = {}
         self._listed: tuple[int, set[bytes]] | None = None
+        self.moved_away: set[bytes] = set()  # paths whose file was last renamed elsewhere
 
     def refresh(self) -> None:
         last = self.store.meta_int(b"lsn")
@@ -84,6 +85,7 @@ class History:
             got = self.paths[path] = [Version(0, ev["ts"], before)] if before else []
         if not got or got[-1].digest != digest:
             got.append(Version(ev["lsn"], ev["ts"], digest, made))
+        self.moved_away.discard(path)
 
     def _now(self, path: bytes) -> str | None:
         got = self.paths.get(path)
@@ -115,6 +117,7 @@ class History:
             if digest is None:
                 if d in self.paths:
                     self._add(d, ev, None)
+                    self.moved_away.add(d)
                 continue
             self.origins.setdefault(d, []).append((ev["lsn"], src))
             self._add(d, ev, digest)
@@ -176,19 +179,27 @@ class History:
 
     def listed(self) -> set[bytes]:
         """The paths ``history/`` lists: those that exist, and removed ones that held
-        bytes no listed path's versions hold."""
+        bytes no listed path's versions hold (of two removed paths with the same bytes, the
+        one a file was renamed to)."""
         self.refresh()
         if self._listed is not None and self._listed[0] == self.lsn:
             return self._listed[1]
         live = {p for p, got in self.paths.items() if got and got[-1].digest is not None}
         kept = {v.digest for p in live for v in self.versions(p)}
-        gone = {
-            p
-            for p in self.paths
-            if p not in live and any(v.digest not in kept for v in self.versions(p))
-        }
+        removed = {p: {v.digest for v in self.versions(p)} for p in self.paths if p not in live}
+        gone = set()
+        # A file renamed away is seen last: where it went, if removed too, holds its bytes.
+        for p in sorted(removed, key=lambda p: (p in self.moved_away, -len(removed[p]), p)):
+            if removed[p] - kept:
+                gone.add(p)
+                kept |= removed[p]
         self._listed = (self.lsn, live | gone)
         return live | gone
+
+    def holders(self, digest: str) -> list[bytes]:
+        """The paths whose file the journal last saw holding ``digest``."""
+        self.refresh()
+        return [p for p, got in self.paths.items() if got and got[-1].digest == digest]
 
     def children(self, prefix: bytes, listed: bool = False) -> set[bytes]:
         """Names directly below ``prefix`` (b"" for the top) of paths with a history (with
