@@ -22,7 +22,7 @@ def test_blanks_separate_words_and_newlines_verbs() -> None:
     [
         "my file.txt",
         "two\nlines",
-        "it's \"quoted\"",
+        'it\'s "quoted"',
         "back\\slash",
         "tab\there",
         os.fsdecode(b"odd \xff\xfe bytes"),
