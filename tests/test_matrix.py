@@ -69,6 +69,12 @@ class Env:
 class Cell:
     env: Env
     name: str
+    through_mount: bool = False  # the cell's files are made through the mount, not raw
+
+    @property
+    def made(self) -> Path:
+        """Where the cell's files are made before the write."""
+        return self.d if self.through_mount else self.raw
 
     @property
     def raw(self) -> Path:
@@ -164,6 +170,8 @@ class Pattern:
     redirect: bool = False
     # Files besides f.py that the pattern leaves behind on purpose.
     extra: tuple[str, ...] = ()
+    # The versions f.py has when its setup is done through the mount.
+    made_versions: tuple[bytes, ...] = (OLD,)
 
     def data(self, bad: bool) -> bytes:
         return self.bad if bad else self.new
@@ -284,7 +292,7 @@ def git_raw(c: Cell, *args: str) -> None:
     home.mkdir(exist_ok=True)
     subprocess.run(
         ["git", "-c", "init.defaultBranch=main", *args],
-        cwd=c.raw,
+        cwd=c.made,
         env={**os.environ, **GIT_ENV, "HOME": str(home)},
         check=True,
         capture_output=True,
@@ -294,11 +302,11 @@ def git_raw(c: Cell, *args: str) -> None:
 
 def setup_head_new(c: Cell, bad: bool) -> None:
     """HEAD has the new bytes, the work tree the old ones (a local change)."""
-    (c.raw / TARGET).write_bytes(data_of(bad))
+    (c.made / TARGET).write_bytes(data_of(bad))
     git_raw(c, "init", "-q")
     git_raw(c, "add", TARGET)
     git_raw(c, "commit", "-q", "-m", "new")
-    (c.raw / TARGET).write_bytes(OLD)
+    (c.made / TARGET).write_bytes(OLD)
 
 
 def setup_branch_new(c: Cell, bad: bool) -> None:
@@ -307,10 +315,10 @@ def setup_branch_new(c: Cell, bad: bool) -> None:
     git_raw(c, "add", TARGET)
     git_raw(c, "commit", "-q", "-m", "old")
     git_raw(c, "switch", "-q", "-c", "other")
-    (c.raw / TARGET).write_bytes(data_of(bad))
+    (c.made / TARGET).write_bytes(data_of(bad))
     git_raw(c, "commit", "-q", "-am", "new")
     git_raw(c, "switch", "-q", "main")
-    assert (c.raw / TARGET).read_bytes() == OLD
+    assert (c.made / TARGET).read_bytes() == OLD
 
 
 def w_git_checkout(c: Cell, bad: bool) -> subprocess.CompletedProcess[str]:
@@ -337,6 +345,10 @@ def w_hardlink(c: Cell, bad: bool) -> subprocess.CompletedProcess[str]:
     return sh(c, 'ln f.py g.py && printf "%s" "$DATA" > g.py', data_of(bad), False)
 
 
+# A git setup through the mount: f.py made with the old bytes, given the new ones, and
+# the old ones again.
+GIT_MADE = (OLD, NEW, OLD)
+
 PATTERNS = [
     Pattern("inplace", w_inplace, bad=b"value = (((((((\nother = 2\n"),
     Pattern("otrunc", w_otrunc),
@@ -351,9 +363,9 @@ PATTERNS = [
     Pattern("vim-rename", w_vim_rename),
     Pattern("patch", w_patch),
     Pattern("node", w_node),
-    Pattern("git-checkout", w_git_checkout, setup=setup_head_new),
-    Pattern("git-stash", w_git_stash, setup=setup_head_new),
-    Pattern("git-switch", w_git_switch, setup=setup_branch_new),
+    Pattern("git-checkout", w_git_checkout, setup=setup_head_new, made_versions=GIT_MADE),
+    Pattern("git-stash", w_git_stash, setup=setup_head_new, made_versions=GIT_MADE),
+    Pattern("git-switch", w_git_switch, setup=setup_branch_new, made_versions=GIT_MADE),
     Pattern("truncate", w_truncate, new=OLD[:16], bad=OLD[:10]),
     Pattern("rm-create", w_rm_create, redirect=True),
     Pattern("hardlink", w_hardlink, redirect=True, extra=("g.py",)),
@@ -425,6 +437,23 @@ XFAIL: dict[tuple[str, str], str] = {
         for p in RECREATES
     },
     ("journal", "hardlink"): "a write through a hard link has no journal event (known gap)",
+    **{
+        ("history-made", p): "the empty version of f.py's create is listed before its first bytes"
+        for p in ("inplace", "otrunc", "append", "cp", "node", "truncate")
+    },
+    ("history-made", "vim"): "the empty version of f.py's create is listed, and so is"
+    " vim's removed backup f.py~",
+    **{
+        ("history-made", p): "the empty versions of f.py's create and of the temporary"
+        " file's create are both listed ('', old, '', new), and so is the temporary name"
+        for p in (*RENAMES, "vim-rename")
+    },
+    **{
+        ("history-made", p): "the empty versions of both of f.py's creates are listed"
+        for p in RECREATES
+    },
+    ("history-made", "hardlink"): "a write through a hard link is in place and unjournaled"
+    " (known gap): the new bytes are not in f.py's history, g.py has none",
     # vim with backupcopy=yes: f.py copied to f.py~, f.py written in place, f.py~ removed.
     ("history", "vim"): "history/ lists vim's removed backup f.py~, whose bytes (the old"
     " ones) f.py's history holds",
@@ -467,11 +496,14 @@ def cells(feature: str) -> list[Any]:
     return out
 
 
-def make_cell(env: Env, pat: Pattern, bad: bool = False, tag: str = "") -> Cell:
-    """The cell's directory and f.py, made in the raw tree before the mount sees them."""
-    c = Cell(env, pat.name + tag)
-    c.raw.mkdir()
-    (c.raw / TARGET).write_bytes(OLD)
+def make_cell(
+    env: Env, pat: Pattern, bad: bool = False, tag: str = "", through_mount: bool = False
+) -> Cell:
+    """The cell's directory and f.py, made in the raw tree before the mount sees them
+    (or through the mount)."""
+    c = Cell(env, pat.name + tag, through_mount)
+    c.made.mkdir()
+    (c.made / TARGET).write_bytes(OLD)
     if pat.setup:
         pat.setup(c, bad)
     assert (c.d / TARGET).read_bytes() == OLD
@@ -527,6 +559,24 @@ class TestHistory:
         assert (listed, versions) == (sorted([TARGET, *pat.extra]), [OLD, pat.new]), names
         assert names[0].startswith("000000-")
         assert names[1].endswith("-" + hashlib.sha256(pat.new).hexdigest()[:8])
+
+
+class TestHistoryMadeThroughMount:
+    """The same, for a file made through the mount: its creation's empty version,
+    superseded at once, is not listed either."""
+
+    @pytest.mark.parametrize("name", cells("history-made"))
+    def test_cell(self, env: Env, name: str) -> None:
+        pat = BY_NAME[name]
+        c = make_cell(env, pat, through_mount=True)
+        do_write(c, pat)
+        top = c.rw / "history" / c.name
+        listed = sorted(os.listdir(top)) if top.exists() else []
+        vdir = top / TARGET
+        names = sorted(os.listdir(vdir)) if vdir.exists() else []
+        versions = [(vdir / n).read_bytes() for n in names]
+        want = [*pat.made_versions, pat.new]
+        assert (listed, versions) == (sorted([TARGET, *pat.extra]), want), names
 
 
 class TestSnapshot:
