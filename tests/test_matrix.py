@@ -379,37 +379,12 @@ GITS = ("git-checkout", "git-stash", "git-switch")
 # (feature, pattern) -> why the cell fails on the current code. Fixing the defect makes the
 # cell XPASS (strict): then its entry goes.
 XFAIL: dict[tuple[str, str], str] = {
-    **{
-        ("history", p): "a rename over f.py replaces its history with the temporary file's"
-        " (empty create, new bytes): the old bytes are not listed, the temp name is"
-        for p in RENAMES
-    },
-    **{
-        ("history", p): "unlink+create+write lists the create's empty version between the"
-        " old and the new bytes"
-        for p in RECREATES
-    },
     ("history", "hardlink"): "a write through a hard link is in place and unjournaled"
     " (known gap): no history at all",
-    **{
-        ("snapshot", p): "after a rename over f.py, snapshots/S/tree/ no longer lists f.py"
-        " (it follows the temporary file, which did not exist at S)"
-        for p in RENAMES
-    },
     ("snapshot", "hardlink"): "a write through a hard link is unjournaled: tree/ shows"
     " f.py's new bytes, and g.py made since",
-    **{
-        ("restore-whole", p): "restore S unlinks f.py, mount and raw tree: it takes f.py for"
-        " a file made since S (the temp's lineage), so the file is lost"
-        for p in RENAMES
-    },
     ("restore-whole", "hardlink"): "a write through a hard link is unjournaled: restore"
     " leaves f.py's new bytes and g.py",
-    **{
-        ("restore-path", p): "restore S f.py unlinks f.py, mount and raw tree: it takes f.py"
-        " for a file made since S (the temp's lineage), so the file is lost"
-        for p in RENAMES
-    },
     ("restore-path", "hardlink"): "a write through a hard link is unjournaled: restore"
     " leaves f.py's new bytes",
     **{
@@ -437,35 +412,8 @@ XFAIL: dict[tuple[str, str], str] = {
         for p in RECREATES
     },
     ("journal", "hardlink"): "a write through a hard link has no journal event (known gap)",
-    **{
-        ("history-made", p): "the empty version of f.py's create is listed before its first bytes"
-        for p in ("inplace", "otrunc", "append", "cp", "node", "truncate")
-    },
-    ("history-made", "vim"): "the empty version of f.py's create is listed, and so is"
-    " vim's removed backup f.py~",
-    **{
-        ("history-made", p): "the empty versions of f.py's create and of the temporary"
-        " file's create are both listed ('', old, '', new), and so is the temporary name"
-        for p in (*RENAMES, "vim-rename")
-    },
-    **{
-        ("history-made", p): "the empty versions of both of f.py's creates are listed"
-        for p in RECREATES
-    },
     ("history-made", "hardlink"): "a write through a hard link is in place and unjournaled"
     " (known gap): the new bytes are not in f.py's history, g.py has none",
-    # vim with backupcopy=yes: f.py copied to f.py~, f.py written in place, f.py~ removed.
-    ("history", "vim"): "history/ lists vim's removed backup f.py~, whose bytes (the old"
-    " ones) f.py's history holds",
-    # vim with backupcopy=no: f.py renamed to f.py~, a new f.py created and written.
-    ("history", "vim-rename"): "f.py's history starts at the new file's empty create (the"
-    " old bytes are not listed under f.py), and the removed backup f.py~ is listed",
-    ("snapshot", "vim-rename"): "after vim renames f.py away and makes a new one,"
-    " snapshots/S/tree/ no longer lists f.py",
-    ("restore-whole", "vim-rename"): "restore S unlinks f.py, mount and raw tree: it takes"
-    " the new f.py for a file made since S, so the file is lost",
-    ("restore-path", "vim-rename"): "restore S f.py unlinks f.py, mount and raw tree: it"
-    " takes the new f.py for a file made since S, so the file is lost",
     ("undo", "vim-rename"): "rename away + create + write are separate batches: undoing the"
     " newest write leaves the empty file the create made",
     ("gates", "vim-rename"): "the new f.py is a new file, which gates never judge: the"
