@@ -235,3 +235,46 @@ def test_names_longer_than_linux_allows_are_refused_cleanly(mount: Mount) -> Non
             assert get(fd, b"s" * 255) == b"kept\n"
         finally:
             os.close(fd)
+
+
+def test_the_intent_log_keeps_long_records_whole(tmp_path: Path, monkeypatch: Any) -> None:
+    """A record of two 4,095-byte paths of non-UTF-8 bytes is one ASCII line of ~50 KB; a
+    short write() (a nearly full disk) must not tear it, and a failed append must not
+    spoil the next record."""
+    import rwfs.intents as intents
+
+    state_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    log = intents.IntentLog(state_fd)
+    try:
+        log.start(0)
+        long_path = os.fsdecode(b"/".join([b"\xff\n" * 127 + b"x"] * 16))
+        rec = {"kind": "event", "id": "r1", "event": {"path": long_path, "dest": long_path}}
+        real_write = os.write
+        calls: list[int] = []
+        fail_at = [0]
+
+        def short_write(fd: int, data: bytes) -> int:
+            calls.append(len(data))
+            if len(calls) == fail_at[0]:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_write(fd, bytes(data[:4096]))
+
+        monkeypatch.setattr(intents.os, "write", short_write)
+        log.append(rec)  # written in several short writes
+        assert len(calls) > 1
+        fail_at[0] = len(calls) + 2
+        try:
+            log.append({**rec, "id": "r2"})  # fails part way
+        except OSError:
+            pass
+        else:
+            raise AssertionError("the failed append raised nothing")
+        monkeypatch.setattr(intents.os, "write", real_write)
+        log.append({**rec, "id": "r3"})
+        got = log.records(log.gen)
+        assert [r["id"] for r in got] == ["r1", "r3"]
+        assert os.fsencode(got[0]["event"]["path"]) == os.fsencode(long_path)
+        assert len(os.fsencode(long_path)) == 4095
+    finally:
+        log.close()
+        os.close(state_fd)
