@@ -278,3 +278,120 @@ def test_the_intent_log_keeps_long_records_whole(tmp_path: Path, monkeypatch: An
     finally:
         log.close()
         os.close(state_fd)
+
+
+# ---- a store error never leaves a workspace unmountable (SPEC §3.3a) ----
+
+
+def notices(m: Mount) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (m.path / ".rw" / "notices").read_text().splitlines()]
+
+
+def fsck(workspace: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*RWFS, "fsck", str(workspace)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_receipt_recovery_cannot_settle_leaves_the_mount_up(workspace: Path) -> None:
+    (workspace / "a.txt").write_bytes(b"v1\n")
+    (workspace / "b.txt").write_bytes(b"b1\n")
+    m = Mount(workspace).start()
+    m.stop()
+    rw = workspace / ".rw"
+    store = Store(str(rw / "journal"))
+    try:  # two owed writes; the stage of the first cannot be read (a directory stands there)
+        owed = (("a.txt", b"v1\n", b"v2\n"), ("b.txt", b"b1\n", b"b2\n"))
+        rids = store.write(
+            lambda txn: [
+                txn.new_receipt(
+                    {
+                        "batch": None,
+                        "path": name,
+                        "expected": sha(old),
+                        "intended": sha(new),
+                        "stage": f"stage-{name}",
+                        "size": len(new),
+                    }
+                )
+                for name, old, new in owed
+            ]
+        )
+    finally:
+        store.close()
+    (rw / "staging" / "stage-a.txt").mkdir()
+    (rw / "staging" / "stage-b.txt").write_bytes(b"b2\n")
+    for _ in range(2):  # the second mount retries it, and does not notify again
+        m = Mount(workspace).start()
+        try:
+            left = status(m)["unsettled"]
+            assert [x for x in left if x.startswith(f"receipt {rids[0]} for a.txt")], left
+            failed = [n for n in notices(m) if n["kind"] == "recovery_failed"]
+            assert [n["item"] for n in failed] == [f"receipt {rids[0]} for a.txt"]
+            assert (m.path / "a.txt").read_bytes() == b"v1\n"  # nothing written
+            assert (m.path / "b.txt").read_bytes() == b"b2\n"  # the other one was performed
+        finally:
+            m.stop()
+        assert "Traceback" not in m.log_text()
+        res = fsck(workspace)
+        assert res.returncode == 1 and f"receipt {rids[0]} for a.txt" in res.stdout
+    # Once the stage is readable, the next mount performs the owed write.
+    (rw / "staging" / "stage-a.txt").rmdir()
+    (rw / "staging" / "stage-a.txt").write_bytes(b"v2\n")
+    m = Mount(workspace).start()
+    try:
+        assert (m.path / "a.txt").read_bytes() == b"v2\n"
+        assert status(m)["unsettled"] == []
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_an_intent_record_recovery_cannot_apply_is_held_and_retried(workspace: Path) -> None:
+    (workspace / "d.txt").write_bytes(b"d\n")
+    m = Mount(workspace).start()
+    try:
+        (m.path / "d.txt").write_bytes(b"d2\n")  # journaled
+    finally:
+        m.stop()
+    store = Store(str(workspace / ".rw" / "journal"))
+    try:
+        gen = store.meta_int(b"applied_gen") + 1
+    finally:
+        store.close()
+    # An unlink the daemon confirmed before it died, not yet in LMDB; the removed bytes it
+    # adopted cannot be read (a directory stands in their place). Next to it, a create.
+    (workspace / "d.txt").unlink()
+    (workspace / "e.txt").write_bytes(b"e\n")
+    incoming = workspace / ".rw" / "objects" / "incoming" / "adopted"
+    incoming.mkdir()
+    records = [
+        {"kind": "event", "id": "u1", "event": {"op": "unlink", "path": "d.txt"}},
+        {"kind": "event", "id": "c1", "event": {"op": "create", "path": "e.txt"}},
+        {"kind": "done", "id": "u1"},
+        {"kind": "done", "id": "c1"},
+    ]
+    records[0]["incoming"] = "adopted"
+    log = workspace / ".rw" / "intents" / f"{gen:016x}.log"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    m = Mount(workspace).start()
+    try:
+        left = status(m)["unsettled"]
+        assert [x for x in left if "(unlink d.txt)" in x], left
+        assert [n for n in notices(m) if "(unlink d.txt)" in n.get("item", "")]
+        ops = [(e["op"], e["path"]) for e in journal(m) if e.get("recovered")]
+        assert ops == [("create", "e.txt")]  # the other record of its generation
+    finally:
+        m.stop()
+    assert "Traceback" not in m.log_text()
+    res = fsck(workspace)
+    assert res.returncode == 1 and "intent record" in res.stdout
+    incoming.rmdir()
+    m = Mount(workspace).start()
+    try:
+        assert status(m)["unsettled"] == []
+        ops = [(e["op"], e["path"]) for e in journal(m) if e.get("recovered")]
+        assert ops == [("create", "e.txt"), ("unlink", "d.txt")]
+    finally:
+        m.stop()
+    check_clean(m)

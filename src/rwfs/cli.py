@@ -70,6 +70,13 @@ def cmd_status(a: argparse.Namespace) -> int:
                 "counts": store.counters(),
                 "last_lsn": store.meta_int(b"lsn"),
                 "unsettled_receipts": len(store.unsettled()),
+                "unsettled": [
+                    f"receipt {r['id']} for {r['path']} ({r['state']})" for r in store.unsettled()
+                ]
+                + [
+                    f"intent record {h['id']} of generation {h['gen']}: {h['error']}"
+                    for h in store.records(b"held")
+                ],
             }
         finally:
             store.close()

@@ -6,8 +6,8 @@ values are listed here, and this docstring is the canonical reference for them.
 ``meta``       — ``b"schema"`` → ASCII schema version (``SCHEMA_VERSION``).
                  ``b"lsn"`` → u64, the last log sequence number handed out.
                  ``b"receipt"`` → u64, the last receipt id handed out.
-                 ``b"notice"`` / ``b"conflict"`` / ``b"handoff"`` → u64, the last notice /
-                 conflict / handoff id.
+                 ``b"notice"`` / ``b"conflict"`` / ``b"handoff"`` / ``b"held"`` → u64, the
+                 last notice / conflict / handoff / held intent record id.
                  ``b"prepared_gen"`` / ``b"applied_gen"`` → u64, the newest intent-log
                  generation whose receipts are prepared / whose events are all applied
                  (see ``intents.py``).
@@ -60,6 +60,9 @@ values are listed here, and this docstring is the canonical reference for them.
                  ``b"index:refused"`` marks it done).
 ``conflicts``  — u64 id → JSON ``{id, path, batch, expected, intended, actual, reason,
                  ts, state, resolution}``; ``state`` is ``open`` or ``resolved``.
+``held``       — u64 id → JSON ``{id, gen, record, error}``: an intent-log record of
+                 generation ``gen`` that recovery owed to the journal but could not apply
+                 (``error`` says why); retried at every mount (recovery.py).
 
 Paths inside JSON are ``os.fsdecode``d (surrogate escapes keep any byte). File contents
 never enter the journal: they live in the object store.
@@ -71,6 +74,7 @@ requires it); callers run these calls through ``trio.to_thread``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import os
@@ -100,6 +104,7 @@ _DBS = (
     b"chunks",
     b"handoffs",
     b"refused",
+    b"held",
 )
 # The ``paths`` keys of paths too long to be LMDB keys start with this: no path holds a NUL.
 LONG_PATH = b"\0#"
@@ -245,6 +250,18 @@ class Txn:
                 out.append(key)
         out += [p for p, _ in _long_rows(cur) if p.startswith(prefix)]
         return out
+
+    @contextlib.contextmanager
+    def nested(self) -> Iterator[Txn]:
+        """A child transaction: undone alone if its block raises (recovery holds what it
+        cannot apply this way, without losing the rest)."""
+        with self._s.env.begin(write=True, parent=self._t) as sub:
+            yield Txn(self._s, sub)
+
+    def hold_intent(self, gen: int, record: Any, error: str) -> int:
+        hid = self._next(b"held")
+        self.put(b"held", u64(hid), {"id": hid, "gen": gen, "record": record, "error": error})
+        return hid
 
     def add_object(self, digest: str, size: int, lsn: int) -> None:
         db = self._s.db[b"objects"]
