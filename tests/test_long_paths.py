@@ -129,6 +129,15 @@ def test_a_path_of_600_bytes_commits_renames_and_remounts(workspace: Path) -> No
         )
         assert res.returncode == 0, res.stderr
         assert [json.loads(line)["op"] for line in res.stdout.splitlines()][-1] == "write"
+        # Printed for people, a non-UTF-8 name is its own bytes, whatever the locale says.
+        res = subprocess.run(
+            [*RWFS, "log", "-C", str(m.path), rel(moved, b"moved\xff.txt")],
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"},
+        )
+        assert res.returncode == 0, res.stderr
+        assert b"/moved\xff.txt" in res.stdout.splitlines()[-1]
     finally:
         m.stop()
     check_clean(m)

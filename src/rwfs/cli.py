@@ -4,6 +4,7 @@ refused (one line on stderr says why), 2 a usage error."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
@@ -469,6 +470,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(args: list[str] | None = None) -> int:
+    # A path is printed as its bytes: a non-UTF-8 name (a surrogate escape once decoded)
+    # would stop a strict stdout, the default in a UTF-8 locale other than C.UTF-8.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="surrogateescape")
     a = parser().parse_args(args)
     try:
         return int(a.fn(a))
