@@ -23,6 +23,7 @@ import difflib
 import errno
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -798,13 +799,26 @@ def _unified(path: str, old: bytes | None, new: bytes | None) -> bytes:
 # ---- recovery (before the mount is served) ----
 
 
-def recover(ws: Workspace, batches: Batches, summary: dict[str, int]) -> None:
-    """Settle every explicit batch a crash interrupted (SPEC §6.2), one notice each."""
+def recover(
+    ws: Workspace,
+    batches: Batches,
+    summary: dict[str, int],
+    failed: Callable[[str, Exception], None] | None = None,
+) -> None:
+    """Settle every explicit batch a crash interrupted (SPEC §6.2), one notice each.
+
+    With ``failed``, a batch whose settling raises is left as it is and reported there,
+    and the other batches are still settled."""
     for batch in list(batches.all.values()):
-        if batch.state == OPEN:
-            _recover_open(ws, batch)
-        elif batch.state in (COMMITTING, INTERRUPTED):
-            _recover_committing(ws, batches, batch, summary)
+        try:
+            if batch.state == OPEN:
+                _recover_open(ws, batch)
+            elif batch.state in (COMMITTING, INTERRUPTED):
+                _recover_committing(ws, batches, batch, summary)
+        except Exception as exc:
+            if failed is None:
+                raise
+            failed(f"batch {batch.name}", exc)
 
 
 def _keep_draft(ws: Workspace, stage_name: str | None, digest: str | None) -> bool:

@@ -4,6 +4,7 @@ refused (one line on stderr says why), 2 a usage error."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shlex
@@ -71,6 +72,13 @@ def cmd_status(a: argparse.Namespace) -> int:
                 "counts": store.counters(),
                 "last_lsn": store.meta_int(b"lsn"),
                 "unsettled_receipts": len(store.unsettled()),
+                "unsettled": [
+                    f"receipt {r['id']} for {r['path']} ({r['state']})" for r in store.unsettled()
+                ]
+                + [
+                    f"intent record {h['id']} of generation {h['gen']}: {h['error']}"
+                    for h in store.records(b"held")
+                ],
             }
         finally:
             store.close()
@@ -462,6 +470,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(args: list[str] | None = None) -> int:
+    # A path is printed as its bytes: a non-UTF-8 name (a surrogate escape once decoded)
+    # would stop a strict stdout, the default in a UTF-8 locale other than C.UTF-8.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="surrogateescape")
     a = parser().parse_args(args)
     try:
         return int(a.fn(a))

@@ -337,6 +337,8 @@ class Control:
             "last_lsn": self.ws.store.meta_int(b"lsn"),
             "journal_bytes": self.ws.store.size_bytes(),
             "journal_ok": self.ws.journal_ok,
+            # What recovery at this mount could not settle (docs/recovery.md).
+            "unsettled": self.ws.recovery_left,
             **{key: fn() for key, fn in self.live.items()},
         }
 

@@ -49,6 +49,10 @@ FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
 FALLOC_FL_ZERO_RANGE = 0x10
 
+# Linux's longest name, and longest path a syscall takes (PATH_MAX less its NUL), in bytes.
+NAME_MAX = 255
+PATH_MAX = 4095
+
 
 def _guard(quiet: bool = False) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
@@ -284,7 +288,12 @@ class Operations(pyfuse3.Operations):
     def _join(self, parent: Inode, name: bytes) -> bytes:
         if b"/" in name or name in (b".", b".."):
             raise pyfuse3.FUSEError(errno.EINVAL)
-        return parent.path + b"/" + name if parent.path else name
+        path = parent.path + b"/" + name if parent.path else name
+        # FUSE passes names up to 1,024 bytes; a name or path Linux would refuse is refused
+        # here too, before a virtual file of an open batch could take it.
+        if len(name) > NAME_MAX or len(path) > PATH_MAX:
+            raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
+        return path
 
     def _is_state_dir(self, path: bytes) -> bool:
         return path == b".rw"
@@ -1195,6 +1204,8 @@ class Operations(pyfuse3.Operations):
         if isinstance(node, CDir) and node.create is not None:  # scratch/, chunks/NAME/
             if b"/" in name or name in (b".", b".."):
                 raise pyfuse3.FUSEError(errno.EINVAL)
+            if len(name) > NAME_MAX:  # the journal keys scratch files by name
+                raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
             child = node.create(name)
             fi = await self.open(child.ino, flags, ctx)
             return fi, self._control_attr(child)

@@ -5,8 +5,8 @@ Checks, each reported as one line of drift:
   never journaled, or that rwfs now writes in place — passthrough, hard-linked, larger
   than ``max_journaled_bytes`` — is not checked: rwfs makes no claim about it);
 - every path it recorded as deleted is absent;
-- no receipt is unsettled and no intent-log generation is unapplied (else recovery is owed:
-  mount once to run it), save an interrupted batch's owed writes, whose files must still
+- no receipt is unsettled, no intent-log generation is unapplied and no intent record is
+  held (else recovery is owed: mount once to run it), save an interrupted batch's owed writes, whose files must still
   hold their expected (or intended) bytes;
 - every object the journal lists exists and holds the bytes its name says, and every object
   something refers to (the scratchpad, a chunk session, a handoff note, an open conflict's
@@ -49,6 +49,11 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
                 continue
             problems.append(
                 f"receipt {r['id']} for {r['path']} is unsettled ({r['state']}): mount to recover it"
+            )
+        for h in store.records(b"held"):
+            problems.append(
+                f"intent record {h['id']} of generation {h['gen']} could not be journaled "
+                f"({h['error']}): mount to retry it"
             )
         for name in os.listdir(os.path.join(state, "intents")):
             if name.endswith(".log") and os.path.getsize(os.path.join(state, "intents", name)):

@@ -30,6 +30,7 @@ class IntentLog:
         self.dir_fd = os.open(b"intents", os.O_RDONLY | os.O_DIRECTORY, dir_fd=state_fd)
         self.gen = 0
         self.fd = -1
+        self._torn = False  # the current generation ends with a partial line
 
     def start(self, applied: int) -> None:
         """Open a new generation for appending (recovery only reads the old ones).
@@ -46,14 +47,31 @@ class IntentLog:
         return os.open(f"{gen:016x}.log", flags, 0o600, dir_fd=self.dir_fd)
 
     def append(self, record: dict[str, Any]) -> None:
-        # One write() of one line: a record is either wholly in the page cache or absent.
-        os.write(self.fd, (json.dumps(record) + "\n").encode())
+        # One line, ASCII (``json.dumps`` escapes every non-ASCII character and the surrogate
+        # escapes of non-UTF-8 path bytes), of any length: a rename of two 4,095-byte paths
+        # is about 50 KB. A record is either wholly in the page cache or not a valid line.
+        line = (json.dumps(record) + "\n").encode()
+        if self._torn:
+            # An earlier append failed part way: its caller was told so. End that partial
+            # line, invalid whatever it held ("!" spoils even a complete record), so that it
+            # neither counts nor swallows this record.
+            line = b"!\n" + line
+        done = 0
+        try:
+            while done < len(line):  # a regular file writes short only when (nearly) full
+                done += os.write(self.fd, line[done:])
+        finally:
+            if done == len(line):
+                self._torn = False
+            elif done:
+                self._torn = True
 
     def rotate(self) -> int:
         """Start a new generation; returns the one just closed."""
         old, oldfd = self.gen, self.fd
         self.gen += 1
         self.fd = self._open(self.gen)
+        self._torn = False
         os.close(oldfd)
         return old
 

@@ -26,7 +26,7 @@ from .control import write_state_file
 from .fs import Operations
 from .policy import DEFAULT_TEXT, Policy, PolicyError
 from .recovery import recover
-from .store import Store
+from .store import JournalUnavailable, Store
 from .workspace import Workspace
 
 log = logging.getLogger("rwfs")
@@ -122,7 +122,13 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
     store = Store(f"/proc/self/fd/{state_fd}/journal")
     ws = Workspace(root_fd, state_fd, store, policy)
     batches = Batches(ws)
-    summary = recover(ws, batches, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        summary = recover(ws, batches, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except JournalUnavailable as exc:  # LMDB commits nothing at all: nothing to serve on
+        raise QuietError(
+            f"recovery could not write the journal ({exc}): free disk space or fix the "
+            "device, then mount again (recovery goes on where it stopped)"
+        ) from None
     if any(summary.values()):
         print(f"rwfs: recovered: {summary}", file=sys.stderr, flush=True)
     ws.open_intents()

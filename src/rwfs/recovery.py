@@ -18,20 +18,37 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import lmdb
+
 from .batches import Batches, is_explicit
 from .batches import recover as recover_batches
 from .intents import IntentLog
 from .objects import digest_fd
+from .store import JournalUnavailable, Txn, u64
 from .workspace import Commit, Stage, Workspace, record_commit, record_event, syncfs
 
 
 def recover(
     ws: Workspace, batches: Batches | None = None, progress: Callable[[str], None] | None = None
 ) -> dict[str, int]:
+    """Settle what the last run left; returns the counts of the summary.
+
+    An exception while settling one item (a receipt, an intent record, a batch) never
+    stops the mount: the item stays unsettled, is retried at the next mount, is named on
+    stderr, in one notice and in ``ws.recovery_left`` (``.rw/status``), and counts as
+    ``failed``."""
     say = progress or (lambda msg: None)
-    summary = {"intents": 0, "committed": 0, "performed": 0, "conflicts": 0, "pending": 0}
+    summary = {
+        "intents": 0,
+        "committed": 0,
+        "performed": 0,
+        "conflicts": 0,
+        "pending": 0,
+        "failed": 0,
+    }
     log = IntentLog(ws.state_fd)
     try:
+        _retry_held(ws, summary)
         _replay_intents(ws, log, summary, say)
     finally:
         log.close()
@@ -39,17 +56,105 @@ def recover(
     for n, receipt in enumerate(unsettled, 1):
         if n % 500 == 0:
             say(f"recovery: {n}/{len(unsettled)} receipts")
-        summary[_settle(ws, receipt)] += 1
-    recover_batches(ws, batches or Batches(ws), summary)
+        try:
+            outcome = _settle(ws, receipt)
+        except Exception as exc:
+            _failed(ws, summary, f"receipt {receipt.get('id')} for {receipt.get('path')}", exc)
+            continue
+        summary[outcome] += 1
+        if outcome == "pending":
+            ws.recovery_left.append(f"receipt {receipt['id']} for {receipt['path']}: pending")
+    recover_batches(
+        ws, batches or Batches(ws), summary, lambda what, exc: _failed(ws, summary, what, exc)
+    )
     for adopted in ws.objects.incoming():
-        ws.objects.settle_incoming(adopted)
+        try:
+            ws.objects.settle_incoming(adopted)
+        except OSError as exc:  # left in incoming/: hashed again at the next mount
+            _failed(ws, summary, f"removed bytes objects/incoming/{os.fsdecode(adopted)}", exc)
     live_stages = {r["stage"].encode() for r in ws.store.unsettled() if r.get("stage")}
+    live_stages |= {  # the bytes of a held commit are its stage
+        os.fsencode(h["record"]["stage"])
+        for h in _held(ws)
+        if isinstance(h["record"], dict) and isinstance(h["record"].get("stage"), str)
+    }
     for name in os.listdir(ws.staging_fd):
         if os.fsencode(name) not in live_stages:
-            os.unlink(name, dir_fd=ws.staging_fd)
+            try:
+                os.unlink(name, dir_fd=ws.staging_fd)
+            except OSError as exc:
+                _failed(ws, summary, f"stage {name}", exc)
     if any(summary.values()):
-        ws.store.write(lambda txn: txn.append_event({"op": "recover", "path": "", **summary}))
+        try:
+            ws.store.write(lambda txn: txn.append_event({"op": "recover", "path": "", **summary}))
+        except JournalUnavailable as exc:
+            print(f"rwfs: recovery: the recover event was not journaled: {exc}", file=sys.stderr)
     return summary
+
+
+def _failed(ws: Workspace, summary: dict[str, int], what: str, exc: BaseException) -> None:
+    """One item recovery could not settle: it stays as it was, and is reported."""
+    summary["failed"] += 1
+    message = (
+        f"{what}: recovery could not settle it ({type(exc).__name__}: {exc}); it is left "
+        "unsettled and retried at the next mount"
+    )
+    ws.recovery_left.append(message)
+    print(f"rwfs: recovery: {message}", file=sys.stderr)
+    try:
+        if not any(
+            n.get("kind") == "recovery_failed" and n.get("item") == what for n in ws.store.notices()
+        ):
+            ws.store.write(
+                lambda txn: txn.new_notice(
+                    {"kind": "recovery_failed", "batch": None, "item": what, "message": message}
+                )
+            )
+    except Exception as exc2:  # the journal itself may be what failed: stderr has it
+        print(f"rwfs: recovery: the notice was not journaled: {exc2}", file=sys.stderr)
+
+
+def _held(ws: Workspace) -> list[dict[str, Any]]:
+    return ws.store.records(b"held")
+
+
+def _retry_held(ws: Workspace, summary: dict[str, int]) -> None:
+    """Intent records an earlier recovery could not apply: try each again."""
+    held = _held(ws)
+    if not held:
+        return
+    failed: dict[int, BaseException] = {}
+
+    def retry(txn: Txn) -> int:
+        failed.clear()
+        applied = 0
+        for row in held:
+            try:
+                with txn.nested() as sub:
+                    _apply(ws, sub, row["record"])
+            except lmdb.MapFullError:
+                raise  # the whole transaction is retried in a larger map
+            except Exception as exc:
+                failed[row["id"]] = exc
+                continue
+            txn.delete(b"held", u64(row["id"]))
+            applied += 1
+        return applied
+
+    summary["intents"] += ws.store.write(retry)
+    for row in held:
+        if row["id"] in failed:
+            _failed(ws, summary, _held_name(row), failed[row["id"]])
+
+
+def _held_name(row: dict[str, Any]) -> str:
+    rec = row["record"]
+    if not isinstance(rec, dict):
+        return f"intent record {row['id']} (unreadable) of generation {row['gen']}"
+    event: dict[str, Any] = rec["event"] if isinstance(rec.get("event"), dict) else {}
+    kind = event.get("op") if rec.get("kind") == "event" else rec.get("kind")
+    what = rec.get("path") or event.get("path")
+    return f"intent record {row['id']} ({kind} {what}) of generation {row['gen']}"
 
 
 def _replay_intents(
@@ -63,52 +168,97 @@ def _replay_intents(
             continue
         records = log.records(gen)
         say(f"recovery: intent log generation {gen}: {len(records)} records")
-        done = {r["id"] for r in records if r["kind"] == "done" or r.get("done")}
-        cancelled = {r["id"] for r in records if r["kind"] == "cancel"}
-        # Commits: owed unless LMDB prepared their receipts. Namespace events: applied if
-        # confirmed; one in flight at the crash only if the tree shows it happened.
-        owed = [
-            r
-            for r in records
-            if (r["kind"] == "commit" and gen > prepared)
-            or (
+        owed, bad = _owed(ws, records, gen > prepared)
+        applied_n, held = ws.store.write(_replay, ws, gen, max(prepared, gen), owed, bad)
+        summary["intents"] += applied_n
+        log.drop(gen)
+        for hid, rec, exc in held:
+            _failed(ws, summary, _held_name({"id": hid, "gen": gen, "record": rec}), exc)
+
+
+def _replay(
+    txn: Txn,
+    ws: Workspace,
+    gen: int,
+    prepared: int,
+    owed: list[dict[str, Any]],
+    bad: list[tuple[Any, BaseException]],
+) -> tuple[int, list[tuple[int, Any, BaseException]]]:
+    """Journal one generation's owed records in one transaction: each in a nested one, so
+    that a record that cannot be applied is undone alone and held (the ``held``
+    database) for the next mount. Returns how many were applied, and the held ones."""
+    failed = list(bad)
+    applied = 0
+    for rec in owed:
+        try:
+            with txn.nested() as sub:
+                _apply(ws, sub, rec)
+            applied += 1
+        except lmdb.MapFullError:
+            raise  # the whole transaction is retried in a larger map
+        except Exception as exc:
+            failed.append((rec, exc))
+    held = [(txn.hold_intent(gen, rec, repr(err)), rec, err) for rec, err in failed]
+    txn.set_meta_int(b"prepared_gen", prepared)
+    txn.set_meta_int(b"applied_gen", gen)
+    return applied, held
+
+
+def _owed(
+    ws: Workspace, records: list[Any], commits_owed: bool
+) -> tuple[list[dict[str, Any]], list[tuple[Any, BaseException]]]:
+    """The records of one generation to journal, and those that cannot even be read.
+
+    Commits are owed unless LMDB prepared their receipts (``commits_owed``). Namespace
+    events: applied if confirmed; one in flight at the crash only if the tree shows it
+    happened."""
+    owed: list[dict[str, Any]] = []
+    bad: list[tuple[Any, BaseException]] = []
+    done, cancelled = set(), set()
+    for r in records:
+        if isinstance(r, dict) and (r.get("kind") == "done" or r.get("done")):
+            done.add(r.get("id"))
+        if isinstance(r, dict) and r.get("kind") == "cancel":
+            cancelled.add(r.get("id"))
+    for r in records:
+        try:
+            if r["kind"] == "commit" and commits_owed:
+                owed.append(r)
+            elif (
                 r["kind"] == "event"
                 and r["id"] not in cancelled
                 and (r["id"] in done or _landed(ws, r["event"]))
-            )
-        ]
+            ):
+                owed.append(r)
+        except Exception as exc:  # damaged, or the tree cannot be asked: held
+            bad.append((r, exc))
+    return owed, bad
 
-        def replay(txn: Any, owed: list[dict[str, Any]] = owed, gen: int = gen) -> None:
-            for rec in owed:
-                if rec["kind"] == "commit":
-                    # The writer was told it succeeded; the receipt is owed.
-                    txn.new_receipt(
-                        {
-                            "batch": None,
-                            "path": rec["path"],
-                            "expected": rec["expected"],
-                            "intended": rec["intended"],
-                            "stage": rec["stage"],
-                            "intent": rec["id"],
-                            "info": rec.get("info", {}),
-                            "size": rec["size"],
-                        }
-                    )
-                else:
-                    ev = dict(rec["event"], recovered=True)
-                    if ev["op"] == "rename" and not ev.get("exchange") and "intended" not in ev:
-                        ev["intended"] = ws.live_digest(os.fsencode(ev["dest"]))[0]
-                    if rec.get("incoming"):
-                        got = ws.objects.settle_incoming(rec["incoming"].encode())
-                        if got is not None:
-                            ev["expected"], ev["size"] = got
-                    record_event(txn, ev)
-                summary["intents"] += 1
-            txn.set_meta_int(b"prepared_gen", max(prepared, gen))
-            txn.set_meta_int(b"applied_gen", gen)
 
-        ws.store.write(replay)
-        log.drop(gen)
+def _apply(ws: Workspace, txn: Txn, rec: dict[str, Any]) -> None:
+    """Journal one owed intent record (its writer was told it succeeded)."""
+    if rec["kind"] == "commit":
+        txn.new_receipt(
+            {
+                "batch": None,
+                "path": rec["path"],
+                "expected": rec["expected"],
+                "intended": rec["intended"],
+                "stage": rec["stage"],
+                "intent": rec["id"],
+                "info": rec.get("info", {}),
+                "size": rec["size"],
+            }
+        )
+        return
+    ev = dict(rec["event"], recovered=True)
+    if ev["op"] == "rename" and not ev.get("exchange") and "intended" not in ev:
+        ev["intended"] = ws.live_digest(os.fsencode(ev["dest"]))[0]
+    if rec.get("incoming"):
+        got = ws.objects.settle_incoming(rec["incoming"].encode())
+        if got is not None:
+            ev["expected"], ev["size"] = got
+    record_event(txn, ev)
 
 
 def _exists(ws: Workspace, path: str) -> bool:

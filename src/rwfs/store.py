@@ -6,8 +6,8 @@ values are listed here, and this docstring is the canonical reference for them.
 ``meta``       — ``b"schema"`` → ASCII schema version (``SCHEMA_VERSION``).
                  ``b"lsn"`` → u64, the last log sequence number handed out.
                  ``b"receipt"`` → u64, the last receipt id handed out.
-                 ``b"notice"`` / ``b"conflict"`` / ``b"handoff"`` → u64, the last notice /
-                 conflict / handoff id.
+                 ``b"notice"`` / ``b"conflict"`` / ``b"handoff"`` / ``b"held"`` → u64, the
+                 last notice / conflict / handoff / held intent record id.
                  ``b"prepared_gen"`` / ``b"applied_gen"`` → u64, the newest intent-log
                  generation whose receipts are prepared / whose events are all applied
                  (see ``intents.py``).
@@ -20,8 +20,18 @@ values are listed here, and this docstring is the canonical reference for them.
                  ``conflict``, ``pending`` or ``aborted`` (an owed write an abort or a
                  rollback dropped).
 ``unsettled``  — u64 receipt id → empty: the receipts recovery must look at.
-``paths``      — path (bytes, relative to the workspace) → JSON ``{digest, lsn}``: the
-                 last journaled content of each path (``digest`` null once deleted).
+``paths``      — path (bytes, relative to the workspace; ``.`` for its top) → JSON
+                 ``{digest, lsn}``: the last journaled content of each path (``digest``
+                 null once deleted). A path longer than LMDB's largest key
+                 (``env.max_key_size()``, 511 bytes; a path may have 4,095) is keyed
+                 ``LONG_PATH`` (``b"\\0#"``) + the 32-byte SHA-256 of the path instead, and its
+                 row also holds ``path`` (``os.fsdecode``d). Why this shape: short paths, the
+                 great majority, keep their plain keys, so the keys' order still puts a
+                 directory's paths in one range (a rename moves a prefix range) and a store
+                 written before long paths were supported reads as it is, with no
+                 migration. No path holds a NUL byte, so the long keys cannot collide with
+                 a path, and they sort together: a rename or a full listing scans that
+                 range too and filters by the ``path`` each row names (long paths are rare).
 ``objects``    — digest (ASCII ``sha256:…``) → JSON ``{size, lsn}``: objects the store
                  holds, with the LSN that first kept them.
 ``batches``    — batch name (ASCII) → JSON ``{name, state, opened, opened_by, scope,
@@ -36,8 +46,9 @@ values are listed here, and this docstring is the canonical reference for them.
 ``notices``    — u64 id → JSON notice ``{id, ts, kind, batch, message, …}`` (SPEC §6.2).
 ``snapshots``  — snapshot name (ASCII) → JSON ``{name, lsn, ts}``: a named point of the
                  journal (history.py reconstructs the tree at ``lsn``).
-``scratch``    — name (bytes) → JSON ``{name, digest, size, ts, pid, comm, uid}``: files of
-                 ``.rw/scratch/`` (their bytes are objects).
+``scratch``    — name (bytes: one file name, at most 255 bytes, NAME_MAX) → JSON ``{name,
+                 digest, size, ts, pid, comm, uid}``: files of ``.rw/scratch/`` (their
+                 bytes are objects).
 ``chunks``     — session name (ASCII) → JSON ``{name, created, expect, parts}``;
                  ``parts`` maps ``part-NNN`` to the digest of its bytes (an object).
 ``handoffs``   — u64 id → JSON ``{id, ts, lsn, note, last_good_state}``: ``note`` is the
@@ -49,6 +60,9 @@ values are listed here, and this docstring is the canonical reference for them.
                  ``b"index:refused"`` marks it done).
 ``conflicts``  — u64 id → JSON ``{id, path, batch, expected, intended, actual, reason,
                  ts, state, resolution}``; ``state`` is ``open`` or ``resolved``.
+``held``       — u64 id → JSON ``{id, gen, record, error}``: an intent-log record of
+                 generation ``gen`` that recovery owed to the journal but could not apply
+                 (``error`` says why); retried at every mount (recovery.py).
 
 Paths inside JSON are ``os.fsdecode``d (surrogate escapes keep any byte). File contents
 never enter the journal: they live in the object store.
@@ -60,6 +74,8 @@ requires it); callers run these calls through ``trio.to_thread``.
 from __future__ import annotations
 
 import collections
+import contextlib
+import hashlib
 import json
 import os
 import re
@@ -88,7 +104,10 @@ _DBS = (
     b"chunks",
     b"handoffs",
     b"refused",
+    b"held",
 )
+# The ``paths`` keys of paths too long to be LMDB keys start with this: no path holds a NUL.
+LONG_PATH = b"\0#"
 # Events are read this many at a time, each batch in a read transaction of its own.
 EVENTS_CHUNK = 10_000
 
@@ -114,6 +133,18 @@ def plain_name(raw: bytes) -> str | None:
     if not _NAME.fullmatch(raw) or raw in (b".", b".."):
         return None
     return raw.decode()
+
+
+def _long_rows(cur: Any) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """The long paths of the ``paths`` database, each ``(path, {digest, lsn})``, read with
+    ``cur`` (a cursor of that database). They are rare: a scan of their range is cheap."""
+    if not cur.set_range(LONG_PATH):
+        return
+    for key, raw in cur:
+        if not bytes(key).startswith(LONG_PATH):
+            break
+        row = json.loads(bytes(raw))
+        yield os.fsencode(row.pop("path")), row
 
 
 def now_iso() -> str:
@@ -168,44 +199,69 @@ class Txn:
             self._t.delete(key, db=self._s.db[b"unsettled"])
 
     def set_path(self, path: bytes, digest: str | None, lsn: int) -> None:
-        value = json.dumps({"digest": digest, "lsn": lsn}).encode()
-        self._t.put(path or b".", value, db=self._s.db[b"paths"])
+        path = path or b"."
+        row: dict[str, Any] = {"digest": digest, "lsn": lsn}
+        key = self._s.path_key(path)
+        if key != path:  # a long path: its key is a hash, so the row names it
+            row["path"] = os.fsdecode(path)
+        self._t.put(key, json.dumps(row).encode(), db=self._s.db[b"paths"])
+
+    def _get_path(self, path: bytes) -> Any:
+        return self._t.get(self._s.path_key(path or b"."), db=self._s.db[b"paths"])
+
+    def _delete_path(self, path: bytes) -> None:
+        self._t.delete(self._s.path_key(path or b"."), db=self._s.db[b"paths"])
 
     def move_paths(self, src: bytes, dst: bytes, lsn: int) -> None:
         """A rename: ``src`` and every path below it now live under ``dst``."""
-        db = self._s.db[b"paths"]
-        moved: list[tuple[bytes, Any]] = [(src, self._t.get(src, db=db))]
-        moved += [(k, self._t.get(k, db=db)) for k in self._paths_under(src) if k != src]
-        for key, _ in moved:
-            self._t.delete(key, db=db)
-        for key in [k for k in self._paths_under(dst)]:
-            self._t.delete(key, db=db)  # what the rename replaced
-        for key, value in moved:
+        moved: list[tuple[bytes, Any]] = [(src, self._get_path(src))]
+        moved += [(p, self._get_path(p)) for p in self._paths_under(src) if p != src]
+        for path, _ in moved:
+            self._delete_path(path)
+        for path in self._paths_under(dst):
+            self._delete_path(path)  # what the rename replaced
+        for path, value in moved:
             if value is not None:
                 entry = json.loads(bytes(value))
-                self.set_path(dst + key[len(src) :], entry["digest"], lsn)
+                self.set_path(dst + path[len(src) :], entry["digest"], lsn)
         self.set_path(src, None, lsn)
 
     def swap_paths(self, a: bytes, b: bytes, lsn: int) -> None:
         """RENAME_EXCHANGE: the two paths (and what is below them) trade places."""
-        tmp = b"\0swap"
+        tmp = b"\0swap"  # no path holds a NUL byte
         self.move_paths(a, tmp, lsn)
         self.move_paths(b, a, lsn)
         self.move_paths(tmp, b, lsn)
-        self._t.delete(tmp, db=self._s.db[b"paths"])
+        self._delete_path(tmp)
 
     def _paths_under(self, top: bytes) -> list[bytes]:
+        """``top`` (if indexed) and every indexed path below it."""
         db = self._s.db[b"paths"]
-        out = [top] if self._t.get(top, db=db) is not None else []
-        cur = self._t.cursor(db=db)
+        out = [top] if self._get_path(top) is not None else []
         prefix = top + b"/"
-        if cur.set_range(prefix):
+        cur = self._t.cursor(db=db)
+        # Short keys are the paths themselves, in order: a range scan. A prefix longer than
+        # a key can be has only long paths below it.
+        if len(prefix) <= self._s.max_key and cur.set_range(prefix):
             for key, _ in cur:
                 key = bytes(key)
                 if not key.startswith(prefix):
                     break
                 out.append(key)
+        out += [p for p, _ in _long_rows(cur) if p.startswith(prefix)]
         return out
+
+    @contextlib.contextmanager
+    def nested(self) -> Iterator[Txn]:
+        """A child transaction: undone alone if its block raises (recovery holds what it
+        cannot apply this way, without losing the rest)."""
+        with self._s.env.begin(write=True, parent=self._t) as sub:
+            yield Txn(self._s, sub)
+
+    def hold_intent(self, gen: int, record: Any, error: str) -> int:
+        hid = self._next(b"held")
+        self.put(b"held", u64(hid), {"id": hid, "gen": gen, "record": record, "error": error})
+        return hid
 
     def add_object(self, digest: str, size: int, lsn: int) -> None:
         db = self._s.db[b"objects"]
@@ -291,6 +347,7 @@ class Store:
             lock=True,
         )
         self.env.reader_check()
+        self.max_key = self.env.max_key_size()
         if readonly:
             self.db = {name: self.env.open_db(name, create=False) for name in _DBS}
             return
@@ -408,9 +465,19 @@ class Store:
             rows = [json.loads(raw) for _, raw in txn.cursor(db=self.db[b"receipts"])]
         yield from rows
 
+    def path_key(self, path: bytes) -> bytes:
+        """The ``paths`` key of a path: itself, or a hash when too long for an LMDB key."""
+        if len(path) <= self.max_key:
+            return path
+        return LONG_PATH + hashlib.sha256(path).digest()
+
     def paths(self) -> dict[bytes, dict[str, Any]]:
+        """Path -> ``{digest, lsn}`` of every indexed path, long ones included."""
         with self.env.begin() as txn:
-            return {k: json.loads(v) for k, v in txn.cursor(db=self.db[b"paths"])}
+            cur = txn.cursor(db=self.db[b"paths"])
+            out = {bytes(k): json.loads(v) for k, v in cur if not k.startswith(LONG_PATH)}
+            out.update(_long_rows(cur))
+        return out
 
     def objects(self) -> dict[str, dict[str, Any]]:
         with self.env.begin() as txn:

@@ -237,6 +237,7 @@ class Workspace:
         self._spares: collections.deque[bytes] = collections.deque()  # staging names (_spare)
         self.stats = Stats()
         self.journal_ok = True
+        self.recovery_left: list[str] = []  # what recovery at this mount left unsettled
         self.on_committed: Callable[[Commit], None] = lambda c: None
         self.on_gone: Callable[[bytes], None] = lambda path: None  # rwfs removed a path
 
