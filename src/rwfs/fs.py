@@ -1208,8 +1208,8 @@ class Operations(pyfuse3.Operations):
             self._hidden.discard(path)
             # A new file of an open batch: only a stage until the batch commits.
             stage = await self.ws.empty_stage(mode & ~ctx.umask & 0o7777, ctx.uid, ctx.gid)
-            inode = self.inodes.resolve(path, os.fstat(stage.fd))
-            inode.virtual, inode.stage = True, stage
+            inode = self.inodes.add_virtual(path)
+            inode.stage = stage
             inode.lookups += 1
             self._virtual[path] = inode
             attr = self._attr(inode.ino, self._stat(inode))
