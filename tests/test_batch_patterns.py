@@ -536,3 +536,23 @@ def test_a_draft_removed_while_open_stays_readable_through_its_descriptor(
         want = {k: v for k, v in BASE.items() if k != name}
         assert files_of(m.workspace) == want
         assert files_of(mp) == want
+
+
+def test_a_draft_replaced_by_a_rename_stays_readable_through_its_descriptor(
+    tmp_path: Path,
+) -> None:
+    """``sed -i`` over a file open elsewhere: that descriptor keeps the file it opened (the
+    batch's earlier draft), as it keeps a file replaced by rename outside a batch."""
+    with batch_mount(tmp_path, BASE) as m:
+        mp = m.path
+        os.mkdir(mp / ".rw" / "batches" / "b1")
+        (mp / "a.py").write_bytes(A.replace(b'"a"', b'"x"'))
+        fd = os.open(mp / "a.py", os.O_RDONLY)
+        try:
+            ok(mp, 'sed -i \'s/"x"/"A"/\' a.py')
+            assert os.pread(fd, 100, 0) == A.replace(b'"a"', b'"x"')
+        finally:
+            os.close(fd)
+        assert (mp / "a.py").read_bytes() == A_UP
+        assert ctl(m, "b1", "commit") == 0
+        assert files_of(m.workspace) == {**BASE, "a.py": A_UP}

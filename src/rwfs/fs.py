@@ -1079,7 +1079,11 @@ class Operations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EXDEV)  # the batch ended meanwhile
         batch = self.batches.all[str(held.batch)]
         src_base = held.stage.expected  # not None: src was a file of the tree, deleted
-        await self.batches.retarget(batch, held, dst, base)
+        if old is not None and old_held is not None:
+            with self._letting_go(old, old_held):  # its open descriptors keep its draft
+                await self.batches.retarget(batch, held, dst, base)
+        else:
+            await self.batches.retarget(batch, held, dst, base)
         if old is not None:
             self._virtual.pop(dst, None)
             self.inodes.detach(dst)
