@@ -303,6 +303,43 @@ def test_gates_judge_a_batch_draft_of_a_file_empty_in_the_tree(tmp_path: Path) -
         assert (m.workspace / "e.py").read_bytes() == A
 
 
+LONG = "".join(f"line {i}\n" for i in range(40)).encode()
+
+
+@pytest.mark.parametrize("how", ["truncate(2)", "fsync", "cp-after-sed"])
+def test_every_commit_point_of_a_batch_is_gated(tmp_path: Path, how: str) -> None:
+    """A truncation of the batch's draft (its 40 lines cut to one), at a ``truncate(2)``,
+    at an ``fsync``, and by ``cp`` of a short file over a draft ``sed -i`` made: refused
+    at once, the draft kept, as outside a batch."""
+    with batch_mount(tmp_path, {"long.txt": b"first\n" + LONG}) as m:
+        mp = m.path
+        os.mkdir(mp / ".rw" / "batches" / "b1")
+        if how == "cp-after-sed":
+            ok(mp, "sed -i 's/first/FIRST/' long.txt")
+        else:
+            (mp / "long.txt").write_bytes(b"FIRST\n" + LONG)
+        draft = b"FIRST\n" + LONG
+        if how == "truncate(2)":
+            res = sh(mp, "truncate -s 6 long.txt")
+            assert res.returncode != 0 and "Bad message" in res.stderr, res
+        elif how == "fsync":
+            fd = os.open(mp / "long.txt", os.O_WRONLY | os.O_TRUNC)
+            try:
+                os.write(fd, b"FIRST\n")
+                with pytest.raises(OSError) as exc:
+                    os.fsync(fd)
+                assert exc.value.errno == errno.EBADMSG
+            finally:
+                os.close(fd)
+        else:
+            (tmp_path / "short.txt").write_bytes(b"FIRST\n")
+            res = sh(mp, f"cp {tmp_path / 'short.txt'} long.txt")
+            assert res.returncode != 0 and "Bad message" in res.stderr, res
+        assert (mp / "long.txt").read_bytes() == draft
+        assert ctl(m, "b1", "commit") == 0
+        assert files_of(m.workspace) == {"long.txt": draft}
+
+
 def test_a_refused_first_write_of_a_new_file_leaves_it_empty(tmp_path: Path) -> None:
     """As outside a batch: the create happened, the refused bytes did not."""
     secret = b"KEY = 'AKIA" + b"Q7" * 8 + b"'\nTOKEN = 'ghp_" + b"a1" * 18 + b"'\n"
