@@ -178,6 +178,13 @@ class Batches:
                     found = batch
         return found
 
+    def holding(self, path: bytes) -> Batch | None:
+        """The open batch that holds a change of ``path`` (a draft, or its deletion)."""
+        for batch in self.all.values():
+            if batch.state == OPEN and path in batch.held:
+                return batch
+        return None
+
     def _in_scope(self, scope: dict[str, Any], who: dict[str, Any]) -> bool:
         if scope["kind"] == "uid":
             return bool(who.get("uid") == scope["uid"])
@@ -224,7 +231,7 @@ class Batches:
             previous = batch.held.get(commit.path)
             batch.held[commit.path] = commit
             if previous is not None and previous is not commit:
-                self.ws.drop_stage(previous.stage)
+                self.ws.retire_draft(previous.stage, previous.intended)
             return True
 
     async def _put_entry(

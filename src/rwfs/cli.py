@@ -112,16 +112,19 @@ def cmd_log(a: argparse.Namespace) -> int:
                     digests = f" {_short(ev.get('expected'))} -> {_short(ev.get('intended'))}"
                 dest = f" -> {ev['dest']}" if ev.get("dest") else ""
                 who = f" ({ev['comm']})" if ev.get("comm") else ""
-                print(
-                    f"{ev['lsn']:>6} {ev['ts']} {ev['op']:<8} {ev.get('path', '')}{dest}{digests}{who}"
-                )
+                lsn, ts, op = ev.get("lsn", "?"), ev.get("ts", "?"), ev.get("op", "?")
+                print(f"{lsn:>6} {ts} {op:<8} {ev.get('path', '')}{dest}{digests}{who}")
     finally:
         store.close()
     return 0
 
 
-def _short(d: str | None) -> str:
-    return d.split(":", 1)[1][:12] if d else "null"
+def _short(d: Any) -> str:
+    """A digest cut short for the log; any other value as it is (an event written by an
+    older rwfs may hold something else)."""
+    if not d:
+        return "null"
+    return str(d).rpartition(":")[2][:12]
 
 
 def cmd_fsck(a: argparse.Namespace) -> int:

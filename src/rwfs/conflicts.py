@@ -43,11 +43,21 @@ def live_bytes(ws: Workspace, path: str) -> bytes:
         os.close(fd)
 
 
+def actual_bytes(ws: Workspace, info: dict[str, Any]) -> bytes:
+    """The version the conflicting write met: the live file, or, for a stale write inside
+    an open batch, the batch's draft the mount showed (kept as an object: the tree never
+    held it)."""
+    if info.get("reason") == "stale_write" and info.get("batch") and info.get("actual"):
+        if ws.objects.exists(info["actual"]):
+            return object_bytes(ws, info["actual"])
+    return live_bytes(ws, info["path"])
+
+
 def merged(ws: Workspace, info: dict[str, Any]) -> bytes:
     """A three-way merge of actual and intended from their base, by ``git merge-file``:
     the agreed changes merged, conflict markers where the two disagree."""
     texts = {
-        "actual": live_bytes(ws, info["path"]),
+        "actual": actual_bytes(ws, info),
         "base": object_bytes(ws, info["expected"]),
         "intended": object_bytes(ws, info["intended"]),
     }

@@ -505,7 +505,7 @@ class ConflictViews:
         self.c.add(d, b"info", _constant(_json({**info, "time": info["ts"]})))
         self.c.add(d, b"base", lambda: conflicts.object_bytes(ws, info["expected"])).slow = True
         self.c.add(d, b"intended", lambda: conflicts.object_bytes(ws, info["intended"])).slow = True
-        self.c.add(d, b"actual", lambda: conflicts.live_bytes(ws, info["path"])).slow = True
+        self.c.add(d, b"actual", lambda: conflicts.actual_bytes(ws, info)).slow = True
         self.c.add(d, b"merged", lambda: conflicts.merged(ws, info)).slow = True
         where = f".rw/conflicts/{info['id']}/ctl"
 

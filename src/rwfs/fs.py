@@ -416,7 +416,7 @@ class Operations(pyfuse3.Operations):
         inode: Inode | None = c.owner
         if c.intended is None:  # a batch's deletion (or a restore's), committed or dropped
             self._hidden.discard(c.path)
-            if c.outcome == "committed":
+            if c.outcome == "committed" and c.path not in self._virtual:
                 self._gone(c.path)
             else:
                 self._drop_entry(c.path)
@@ -552,22 +552,21 @@ class Operations(pyfuse3.Operations):
                 self._orphan_stage(inode)
                 return
             stage.sealed = True  # atomic: set before the first await, so writers wait
-            # A new (empty) file has nothing a write could break: only the secrets gate
-            # has something to look at.
+            # The gates judge the new bytes against what the mount showed: the tree's file,
+            # or the draft of it an open batch holds. A new (empty) file has nothing a write
+            # could break: only the secrets gate has something to look at.
             gated = inode.path
-            gate = (
-                stage.expected != EMPTY_DIGEST
-                or self.ws.policy.gate("secrets", gated)["action"] != "off"
-            )
-            intended, size, findings = await self.ws.seal(
-                stage, (gated, inode.fd) if gate else None
-            )
+            held_before = self._held(inode)
+            shown, base_fd = self._shown(inode, held_before, stage)
+            gate = shown != EMPTY_DIGEST or self.ws.policy.gate("secrets", gated)["action"] != "off"
+            intended, size, findings = await self.ws.seal(stage, (gated, base_fd) if gate else None)
             if not inode.paths:  # unlinked during the seal
                 stage.sealed = False
                 self._orphan_stage(inode)
                 return
             path = inode.path
-            held = inode.pending if inode.pending is not None and inode.pending.held else None
+            held = self._held(inode)
+            shown, base_fd = self._shown(inode, held, stage)
             if held is not None and intended in (held.intended, stage.expected):
                 # The batch's draft again, or the batch's base again (no change left).
                 self.ws.drop_stage(stage)
@@ -590,15 +589,14 @@ class Operations(pyfuse3.Operations):
                 )
                 self.ws.stats.count("noops")
                 return
-            if path != gated:  # renamed during the seal: gate it as what it is now
-                findings = await self.ws.run_gates(path, inode.fd, stage.fd)
+            if path != gated or held is not held_before:
+                # Renamed during the seal, or the batch ended meanwhile: gate it as what it
+                # is now, against what the mount shows now.
+                findings = await self.ws.run_gates(path, base_fd, stage.fd)
             if any(f.action == "reject" for f in findings):
                 # Refused: the draft is kept, the stage goes, the file reads as before.
-                err = await self.ws.refuse(
-                    path, stage.fd, stage.expected, intended, findings, ctx_info
-                )
-                self.ws.drop_stage(stage)
-                inode.stage = held.stage if held is not None else None  # a batch's draft stays
+                err = await self.ws.refuse(path, stage.fd, shown, intended, findings, ctx_info)
+                await self._unstage(inode, held, stage)
                 if wait:
                     # fsync(): the kernel holds the inode's lock until we answer, and
                     # invalidating needs it, so it runs after the answer.
@@ -614,9 +612,16 @@ class Operations(pyfuse3.Operations):
             stale = self._stale_read(inode, ctx_info)
             if stale is not None:
                 if self.ws.policy.stale_write == "conflict":
-                    err = await self.ws.stale_conflict(path, stage, intended, stale, ctx_info)
-                    self.ws.drop_stage(stage)
-                    inode.stage = None
+                    err = await self.ws.stale_conflict(
+                        path,
+                        stage,
+                        intended,
+                        stale or None,
+                        ctx_info,
+                        actual=(shown, base_fd),
+                        batch=held.batch if held is not None else None,
+                    )
+                    await self._unstage(inode, held, stage)
                     if wait:
                         self._invalidate(inode)
                     else:
@@ -627,15 +632,17 @@ class Operations(pyfuse3.Operations):
                         "gate": "stale_write",
                         "message": "this process read an older version of the file than "
                         "the one it replaced: a change made meanwhile may be lost",
-                        "read": stale,
+                        "read": stale or None,
                     }
                 )
                 self.ws.stats.count("stale_writes")
-            self._new_version(inode, stage.expected, intended, ctx_info)
+            self._new_version(inode, shown, intended, ctx_info)
             commit = Commit(path, stage, intended, size, info, owner=inode)
             # A file an open batch holds stays in it, whoever writes it (every writer
             # built on the draft); otherwise the batch whose scope the writer is in.
             batch = self.batches.all.get(str(held.batch)) if held else None
+            if batch is None and inode.virtual:  # made again where the batch deletes a file
+                batch = self.batches.holding(path)
             batch = batch or self.batches.for_writer(ctx_info)
             if batch is not None and await self.batches.hold(batch, commit, wait):
                 inode.pending = commit
@@ -654,15 +661,46 @@ class Operations(pyfuse3.Operations):
                     self._invalidate(inode)
                 raise
 
+    @staticmethod
+    def _held(inode: Inode) -> Commit | None:
+        """The draft of the file an open batch holds, if it holds one."""
+        return inode.pending if inode.pending is not None and inode.pending.held else None
+
+    @staticmethod
+    def _shown(inode: Inode, held: Commit | None, stage: Stage) -> tuple[str | None, int]:
+        """What the mount showed of the file before this stage: (digest, a descriptor of
+        its bytes, -1 for none). A batch's draft if it holds one; else the tree's file,
+        which for a file the batch creates is an empty one."""
+        if held is not None:
+            return held.intended, held.stage.fd
+        if inode.virtual:
+            return EMPTY_DIGEST, -1
+        return stage.expected, inode.fd
+
+    async def _unstage(self, inode: Inode, held: Commit | None, stage: Stage) -> None:
+        """A refused commit point: its stage goes and the file shows what it showed
+        before: the batch's draft, the tree's file, or, for a file an open batch created
+        and holds no draft of yet, an empty file (as a refused first write leaves a new
+        file outside a batch)."""
+        st = os.fstat(stage.fd)
+        self.ws.drop_stage(stage)
+        if held is not None:
+            inode.stage = held.stage
+        elif inode.virtual and inode.paths:
+            # Unsealed: the last release commits it, so the batch holds the empty file.
+            inode.stage = await self.ws.empty_stage(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+        else:
+            inode.stage = None
+
     def _stale_read(self, inode: Inode, who: dict[str, Any]) -> str | None:
-        """A lost update (SPEC §6.4): the digest this process last read of the file, if
-        another process changed the file since; else None."""
+        """A lost update (SPEC §6.4): the digest this process last read of the file ("" if
+        it is no longer known), if another process changed the file since; else None."""
         if self.ws.policy.stale_write == "off":
             return None
         seen = self._reads.get((who.get("pid", 0), inode.ino))
         if seen is None or seen == inode.version:
             return None
-        return inode.digests.get(seen) or "unknown"
+        return inode.digests.get(seen) or ""  # "": a version too old to be remembered
 
     def _new_version(self, inode: Inode, old: str | None, new: str, who: dict[str, Any]) -> None:
         inode.digests[inode.version] = old
@@ -840,6 +878,10 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         src = self._inode(inode)
         path = self._parent_path(new_parent_inode, new_name)
+        if src.virtual or self._held(src) is not None or path in self._hidden:
+            # The tree does not hold what the mount shows at one of the two names (an
+            # open batch's draft, or its deletion): a link there would not link it.
+            raise pyfuse3.FUSEError(errno.EXDEV)
         # The new name must reach the bytes every reader sees: commit an open stage (say,
         # a truncate(2) while a descriptor is open) before linking the backing file. Again
         # if a writer opened another meanwhile: once linked, the file is written in place,
@@ -850,6 +892,8 @@ class Operations(pyfuse3.Operations):
             await self._settle(src)
             if src.stage is None or src.stage is before or not src.paths:
                 break  # (a stage that stays is a batch's draft, or an unlinked file's)
+        if self._held(src) is not None:  # the commit went to an open batch
+            raise pyfuse3.FUSEError(errno.EXDEV)
         with self._journal(self._journaled(path), ctx, "link", path, source=fsdecode(src.path)):
             os.link(
                 rel(src.path),
@@ -919,25 +963,52 @@ class Operations(pyfuse3.Operations):
         if not (stat.S_ISREG(st.st_mode) and self._journaled(path, st)):
             return False
         if held is not None and held.held:
-            base = held.stage.expected
+            assert inode is not None
+            with self._letting_go(inode, held):
+                await self.batches.hide(batch, path, held.stage.expected)
         else:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
             try:
                 base = await self.ws.digest(fd)
             finally:
                 os.close(fd)
-        await self.batches.hide(batch, path, base)
+            await self.batches.hide(batch, path, base)
         self._hidden.add(path)
         gone = self.inodes.detach(path)
         if gone is not None:
             self.inodes.orphan(gone)
         return True
 
+    @contextlib.contextmanager
+    def _letting_go(self, inode: Inode, held: Commit) -> Iterator[None]:
+        """Around a change that ends the batch's draft of a file (its deletion, or the
+        batch forgetting the file): descriptors still open on the file read and write the
+        draft's bytes until their last close, as POSIX keeps a removed file, so the batch
+        lets go of the stage rather than dropping it; the last release drops it
+        (``_orphan_stage``). Undone if the change fails."""
+        stage = held.stage
+        if inode.stage is not stage:
+            yield  # the inode has a stage of its own (or none)
+            return
+        if inode.handles > 0:
+            stage.sealed = False
+            held.stage = Stage(-1, b"", stage.expected)
+        else:
+            inode.stage = None
+        try:
+            yield
+        except BaseException:
+            held.stage, inode.stage, stage.sealed = stage, stage, True
+            raise
+
     async def _drop_virtual(self, inode: Inode) -> None:
-        """Unlink of a file the open batch created: the batch forgets it; descriptors still
-        open keep reading and writing its stage until their last close."""
+        """Unlink of a file the open batch created: the batch forgets it, or, if it stood
+        in for a file of the tree (removed and made again, or a temporary file renamed
+        over it), deletes that file; descriptors still open keep reading and writing its
+        stage until their last close."""
         held = inode.pending
         async with inode.lock:
+            path = inode.path
             for p in list(inode.paths):
                 self._virtual.pop(p, None)
                 self.inodes.detach(p)
@@ -945,9 +1016,15 @@ class Operations(pyfuse3.Operations):
             self.inodes.orphan(inode)
             if held is not None and held.held:
                 batch = self.batches.all[str(held.batch)]
-                if inode.stage is held.stage:
-                    inode.stage = None
-                await self.batches.unhold(batch, held.path)
+                with self._letting_go(inode, held):
+                    if held.stage.expected is None:
+                        await self.batches.unhold(batch, held.path)
+                    else:
+                        await self.batches.hide(batch, held.path, held.stage.expected)
+                        self._hidden.add(held.path)
+            elif (deleting := self.batches.holding(path)) is not None:
+                if deleting.held[path].intended is None:  # made where the batch deletes one
+                    self._hidden.add(path)
             self._orphan_stage(inode)
 
     def _batch_rename(self, src: bytes, dst: bytes, ctx: Any) -> bool:
@@ -979,36 +1056,82 @@ class Operations(pyfuse3.Operations):
                 real = os.stat(dst, dir_fd=self.ws.root_fd, follow_symlinks=False)
             except FileNotFoundError:
                 pass
-        if (target is not None or real is not None) and flags & pyfuse3.RENAME_NOREPLACE:
+        shown = target is not None or (real is not None and dst not in self._hidden)
+        if shown and flags & pyfuse3.RENAME_NOREPLACE:
             raise pyfuse3.FUSEError(errno.EEXIST)
         if real is not None and not (stat.S_ISREG(real.st_mode) and self._journaled(dst, real)):
             raise pyfuse3.FUSEError(errno.EXDEV)
+        who = self._who(ctx)
         if inode.pending is None or not inode.pending.held:
-            await self._commit(inode, self._who(ctx))  # its bytes join the batch first
+            await self._commit(inode, who)  # its bytes join the batch first
         held = inode.pending
-        if held is None or not held.held:
+        if held is None or not held.held or self._virtual.get(src) is not inode:
             raise pyfuse3.FUSEError(errno.EXDEV)
         old = target or self.inodes.by_path.get(dst)
         if old is not None and target is None:
             await self._settle(old)  # the batch's base is the file's committed bytes
+        old_held = self._held(old) if old is not None else None
         base = None
-        if old is not None and old.pending is not None and old.pending.held:
-            base = old.pending.stage.expected  # the batch's base of dst
+        if old_held is not None:
+            base = old_held.stage.expected  # the batch's base of dst
         elif real is not None:
             fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
             try:
                 base = await self.ws.digest(fd)
             finally:
                 os.close(fd)
+        if shown:
+            # As outside a batch, a rename onto a file is a commit of it: the gates judge
+            # the draft against what the mount shows there.
+            await self._gate_virtual_rename(held, dst, old_held, base, who)
+            if self._virtual.get(src) is not inode or inode.pending is not held or not held.held:
+                raise pyfuse3.FUSEError(errno.EXDEV)  # the batch ended meanwhile
         batch = self.batches.all[str(held.batch)]
-        await self.batches.retarget(batch, held, dst, base)
+        src_base = held.stage.expected  # not None: src was a file of the tree, deleted
+        if old is not None and old_held is not None:
+            with self._letting_go(old, old_held):  # its open descriptors keep its draft
+                await self.batches.retarget(batch, held, dst, base)
+        else:
+            await self.batches.retarget(batch, held, dst, base)
         if old is not None:
             self._virtual.pop(dst, None)
             self.inodes.detach(dst)
             self.inodes.orphan(old)
+        self._hidden.discard(dst)
         del self._virtual[src]
         self.inodes.move(src, dst)
         self._virtual[dst] = inode
+        if src_base is not None:
+            # The file the batch made at src replaced one of the tree (removed, then
+            # created again): moving it away leaves that one deleted.
+            await self.batches.hide(batch, src, src_base)
+            self._hidden.add(src)
+
+    async def _gate_virtual_rename(
+        self,
+        held: Commit,
+        dst: bytes,
+        old_held: Commit | None,
+        base: str | None,
+        who: dict[str, Any],
+    ) -> None:
+        """``_gate_rename`` for a batch's draft renamed onto a file the mount shows: its
+        own draft, or the tree's file."""
+        fd = -1
+        if old_held is None and dst not in self._virtual:  # (a new file of the batch: empty)
+            fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.ws.root_fd)
+        try:
+            old_fd = old_held.stage.fd if old_held is not None else fd
+            findings = await self.ws.run_gates(dst, old_fd, held.stage.fd)
+            if any(f.action == "reject" for f in findings):
+                shown = old_held.intended if old_held is not None else base
+                with borrowed(held.stage.fd) as (new_fd,):
+                    raise await self.ws.refuse(
+                        dst, new_fd, shown, str(held.intended), findings, who
+                    )
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     @_guard()
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -1210,7 +1333,11 @@ class Operations(pyfuse3.Operations):
             fi = await self.open(child.ino, flags, ctx)
             return fi, self._control_attr(child)
         path = self._parent_path(parent_inode, name)
-        batch = self.batches.for_writer(self._who(ctx)) if self._journaled(path) else None
+        batch = None
+        if self._journaled(path):
+            # A file an open batch deletes is the batch's, whoever makes it again.
+            held = self.batches.holding(path) if path in self._hidden else None
+            batch = held or self.batches.for_writer(self._who(ctx))
         if (
             batch is not None
             and path not in self._virtual
@@ -1219,8 +1346,8 @@ class Operations(pyfuse3.Operations):
             self._hidden.discard(path)
             # A new file of an open batch: only a stage until the batch commits.
             stage = await self.ws.empty_stage(mode & ~ctx.umask & 0o7777, ctx.uid, ctx.gid)
-            inode = self.inodes.resolve(path, os.fstat(stage.fd))
-            inode.virtual, inode.stage = True, stage
+            inode = self.inodes.add_virtual(path)
+            inode.stage = stage
             inode.lookups += 1
             self._virtual[path] = inode
             attr = self._attr(inode.ino, self._stat(inode))

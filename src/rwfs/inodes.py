@@ -5,6 +5,11 @@ stage is renamed over it) while the file must keep its identity for the kernel a
 open handle. Hard links share one ``Inode`` (found by the backing ``(st_dev, st_ino)``).
 Descriptors are bounded: an inode holds a backing descriptor only while it has open handles
 or a stage; paths are resolved from the root descriptor.
+
+A file an open batch creates (``add_virtual``) has no backing file yet, only stages that
+come and go: it is never found by backing key, since a dropped stage's inode number is
+soon another stage's, another new file's. It gets a backing key when its draft reaches the
+tree (``rekey``).
 """
 
 from __future__ import annotations
@@ -102,6 +107,16 @@ class InodeTable:
             self.by_ino[inode.ino] = inode
             self.by_key[key] = inode
         inode.paths.add(path)
+        self.by_path[path] = inode
+        return inode
+
+    def add_virtual(self, path: bytes) -> Inode:
+        """A new inode for a file that exists only as a stage (created in an open batch):
+        known by path and number, never by backing key (see the module's docstring)."""
+        self.detach(path)  # whatever the path named before is not this file
+        ino = self.allocate()
+        inode = Inode(ino, {path}, (-1, ino), False, virtual=True)
+        self.by_ino[ino] = inode
         self.by_path[path] = inode
         return inode
 

@@ -402,6 +402,24 @@ class Workspace:
 
         return await trio.to_thread.run_sync(make, limiter=_LIMIT)
 
+    def retire_draft(self, stage: Stage, digest: str | None) -> None:
+        """A batch's draft that a newer one replaced: dropped, or, with ``stale_write =
+        "conflict"``, moved (not copied) into the object store, where gc finds it unless a
+        conflict refers to it: a process that read it may still write a stale update, and
+        that conflict's merge needs it as the base."""
+        if self.policy.stale_write != "conflict" or digest is None or stage.fd < 0:
+            self.drop_stage(stage)
+            return
+        if stage.trail is not None:
+            stage.trail.stop()
+            stage.trail = None
+        os.close(stage.fd)
+        stage.fd = -1
+        try:
+            self.objects._place(self.staging_fd, stage.name, digest, move=True)
+        except FileNotFoundError:
+            pass
+
     def drop_stage(self, stage: Stage) -> None:
         if stage.trail is not None:
             stage.trail.stop()
@@ -539,44 +557,73 @@ class Workspace:
         )
 
     async def stale_conflict(
-        self, path: bytes, stage: Stage, intended: str, read: str, info: dict[str, Any]
+        self,
+        path: bytes,
+        stage: Stage,
+        intended: str,
+        read: str | None,
+        info: dict[str, Any],
+        actual: tuple[str | None, int],
+        batch: str | None = None,
     ) -> RwfsError:
         """Refuse a lost update (policy ``stale_write = "conflict"``): the writer's bytes are
-        kept, a conflict is opened with what it read as the base, and ESTALE says so."""
+        kept, a conflict is opened with what it read as the base, and ESTALE says so.
+
+        ``actual`` is what the mount shows of the file, (digest, descriptor): in an open
+        ``batch``, the batch's draft, kept as an object too, since the tree does not hold
+        it. The bytes the writer read are kept from the tree if they are not kept yet (a
+        batch's base)."""
         name = fsdecode(path)
+        shown = actual[0]
 
         def write(txn: Any) -> int:
             ev: dict[str, Any] = {
                 "op": "conflict",
                 "path": name,
-                "batch": None,
+                "batch": batch,
                 "expected": read,
                 "intended": intended,
-                "actual": stage.expected,
+                "actual": shown,
                 "reason": "stale_write",
                 **{k: info[k] for k in ("pid", "comm", "uid") if k in info},
             }
             lsn = txn.append_event(ev)
-            txn.add_object(intended, 0, lsn)
+            for digest in {intended, read, shown} if batch else {intended}:
+                if digest is not None and self.objects.exists(digest):
+                    txn.add_object(digest, 0, lsn)
             return int(
                 txn.new_conflict(
                     {
                         "path": name,
-                        "batch": None,
+                        "batch": batch,
                         "lsn": lsn,
-                        "expected": read if read != "unknown" else None,
+                        "expected": read,
                         "intended": intended,
-                        "actual": stage.expected,
+                        "actual": shown,
                         "reason": "stale_write",
                     }
                 )
             )
 
+        def keep(stage_fd: int, shown_fd: int) -> None:
+            self.objects.keep_fd_copy(stage_fd, intended)
+            if batch is not None and shown is not None and shown_fd >= 0:
+                self.objects.keep_fd_copy(shown_fd, shown)
+            if read is not None and not self.objects.exists(read):
+                how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                try:
+                    live = os.open(rel(path), how, dir_fd=self.root_fd)
+                except OSError:
+                    return
+                try:
+                    if stat.S_ISREG(os.fstat(live).st_mode) and self.digest_of_fd(live) == read:
+                        self.objects.keep_fd_copy(live, read)
+                finally:
+                    os.close(live)
+
         async with self.commit_lock:  # the bytes and what refers to them, together, for gc
-            with borrowed(stage.fd) as (fd,):
-                await trio.to_thread.run_sync(
-                    self.objects.keep_fd_copy, fd, intended, limiter=_LIMIT
-                )
+            with borrowed(stage.fd, actual[1]) as (fd, shown_fd):
+                await trio.to_thread.run_sync(keep, fd, shown_fd, limiter=_LIMIT)
             cid = await trio.to_thread.run_sync(self.store.write, write, limiter=_LIMIT)
         return RwfsError(
             errno.ESTALE,
@@ -588,8 +635,8 @@ class Workspace:
             path=name,
             expected=read,
             intended=intended,
-            actual=stage.expected,
-            batch=None,
+            actual=shown,
+            batch=batch,
         )
 
     async def digest(self, fd: int) -> str:
