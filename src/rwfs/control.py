@@ -2,12 +2,17 @@
 
 Each entry is a ``CFile`` (``render()`` makes its bytes fresh at every open; ``write`` takes
 the whole written text at close and raises ``RwfsError`` to refuse it) or a ``CDir``.
+A file whose bytes are fixed (an object, a live file) also has ``stat``, its size and
+mtime found without rendering it; any other file is sized by rendering it (SPEC §5: every
+entry reports its true ``st_size``).
 Later features add entries with ``Control.add``; nothing here knows about FUSE.
 """
 
 from __future__ import annotations
 
+import calendar
 import errno
+import functools
 import json
 import os
 import stat
@@ -87,6 +92,21 @@ class CFile(CNode):
     slow: bool = False  # render() does I/O or parsing: run it in a worker thread
     max_bytes: int = 1 << 20  # the most a writer may write to it
     settle: bool = False  # make queued commits reach the tree before render() (handoff)
+    # (st_size, st_mtime_ns) of bytes that are fixed, known without rendering them; None:
+    # generated, sized by rendering.
+    stat: Callable[[], tuple[int, int]] | None = None
+    # What render() last made ((length, hash) of the bytes) and since when: the mtime of a
+    # generated file, so that it moves only when its bytes change (tar checks it).
+    seen: tuple[tuple[int, int], int] | None = None
+
+    def rendered(self) -> tuple[bytes, int]:
+        """Its bytes, rendered now, and the time it was first seen to hold them (ns)."""
+        data = self.render()
+        key = (len(data), hash(data))
+        seen = self.seen
+        if seen is None or seen[0] != key:
+            seen = self.seen = (key, time.time_ns())
+        return data, seen[1]
 
 
 @dataclass(eq=False)
@@ -252,6 +272,10 @@ class Control:
                 os.close(fd)
 
         self._put(self.rejected, draft_id, render)
+        node = self.rejected.children[os.fsencode(draft_id)]
+        assert isinstance(node, CFile)
+        refused = stamp_ns(draft_id[:16], "%Y%m%dT%H%M%SZ")  # the id starts with its time
+        node.stat = lambda: (object_stat(self.ws, digest)[0], refused)
 
     def get(self, ino: int) -> CNode | None:
         return self.nodes.get(ino)
@@ -357,6 +381,31 @@ def _constant(data: bytes) -> Callable[[], bytes]:
     return lambda: data
 
 
+def object_stat(ws: Workspace, digest: str) -> tuple[int, int]:
+    """(size, mtime in ns) of a kept object: one stat, no read."""
+    st = os.stat(ws.objects.name(digest), dir_fd=ws.objects.fd, follow_symlinks=False)
+    return st.st_size, st.st_mtime_ns
+
+
+def live_stat(ws: Workspace, path: bytes) -> tuple[int, int]:
+    """(size, mtime in ns) of a file of the tree as ``conflicts.live_bytes`` reads it:
+    anything but a regular file reads as empty."""
+    st = os.stat(path, dir_fd=ws.root_fd, follow_symlinks=False)
+    return (st.st_size if stat.S_ISREG(st.st_mode) else 0), st.st_mtime_ns
+
+
+def stamp_ns(text: str, fmt: str = "%Y-%m-%dT%H:%M:%S") -> int:
+    """A UTC time at the start of ``text`` (a journal ``ts``, a draft id), in ns; the
+    milliseconds of a ``ts`` (``2026-11-30T10:12:03.123Z``) included. 0 if none is there."""
+    width = len(time.strftime(fmt, time.gmtime(0)))
+    try:
+        ns = calendar.timegm(time.strptime(text[:width], fmt)) * 10**9
+    except ValueError:
+        return 0
+    ms = text[width + 1 : width + 4]
+    return ns + int(ms) * 10**6 if text[width : width + 1] == "." and ms.isdigit() else ns
+
+
 def _json(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2) + "\n").encode()
 
@@ -451,9 +500,13 @@ class ConflictViews:
         ws = self.c.ws
         d = self.c.mkdir(self.top, str(info["id"]).encode())
         self.c.add(d, b"info", _constant(_json({**info, "time": info["ts"]})))
-        self.c.add(d, b"base", lambda: conflicts.object_bytes(ws, info["expected"])).slow = True
-        self.c.add(d, b"intended", lambda: conflicts.object_bytes(ws, info["intended"])).slow = True
-        self.c.add(d, b"actual", lambda: conflicts.live_bytes(ws, info["path"])).slow = True
+        for name, digest in ((b"base", info["expected"]), (b"intended", info["intended"])):
+            node = self.c.add(d, name, functools.partial(conflicts.object_bytes, ws, digest))
+            node.slow = True
+            if digest is not None:  # (an absent file reads as empty)
+                node.stat = functools.partial(object_stat, ws, digest)
+        node = self.c.add(d, b"actual", lambda: conflicts.live_bytes(ws, info["path"]))
+        node.slow, node.stat = True, lambda: live_stat(ws, os.fsencode(info["path"]))
         self.c.add(d, b"merged", lambda: conflicts.merged(ws, info)).slow = True
         where = f".rw/conflicts/{info['id']}/ctl"
 
@@ -491,7 +544,23 @@ class HistoryViews:
             current = v is versions[-1] and h.paths[self.prefix][-1].digest == v.digest
             retained = current or self.c.ws.objects.exists(str(v.digest))
             if key not in self.node.children and retained:
-                self.c.add(self.node, key, self._reader(v)).slow = True
+                node = self.c.add(self.node, key, self._reader(v))
+                node.slow, node.stat = True, self._stat(v)
+
+    def _stat(self, v: Version) -> Callable[[], tuple[int, int]]:
+        """The size of a version's bytes (the object's, or the live file's for the newest)
+        and the time of the version."""
+        path, ws = self.prefix, self.c.ws
+
+        def stat_() -> tuple[int, int]:
+            assert v.digest is not None
+            try:
+                size = object_stat(ws, v.digest)[0]
+            except FileNotFoundError:
+                size = live_stat(ws, path)[0]
+            return size, stamp_ns(v.ts)
+
+        return stat_
 
     def _reader(self, v: Version) -> Callable[[], bytes]:
         path, ws = self.prefix, self.c.ws
@@ -654,9 +723,16 @@ class TreeView:
                 node = self.c.add(self.node, name, lambda: b"")
                 node.slow = True
             node.render = self._reader(path, what)
+            node.stat = self._stat(path, what)
 
     def _reader(self, path: bytes, what: str | None) -> Callable[[], bytes]:
         ws = self.c.ws
         if what == "live":
             return lambda: conflicts.live_bytes(ws, os.fsdecode(path))
         return lambda: conflicts.object_bytes(ws, what)
+
+    def _stat(self, path: bytes, what: str | None) -> Callable[[], tuple[int, int]]:
+        ws = self.c.ws
+        if what == "live":
+            return lambda: live_stat(ws, path)
+        return lambda: object_stat(ws, str(what))

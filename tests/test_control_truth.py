@@ -1,0 +1,173 @@
+"""Control files tell the truth (SPEC §5) through real mounts: every file under ``.rw/``
+reports its real size and a meaningful mtime, so any copying tool gets its bytes."""
+
+from __future__ import annotations
+
+import calendar
+import errno
+import filecmp
+import json
+import mmap
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Mount
+
+
+def _ctl(m: Mount, text: str) -> None:
+    (m.path / ".rw" / "ctl").write_text(text + "\n")
+
+
+def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file below ``root`` (``.rw`` aside): its bytes and mode bits."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if rel.parts[0] == ".rw" or not p.is_file():
+            continue
+        out[str(rel)] = (p.read_bytes(), p.stat().st_mode & 0o7777)
+    return out
+
+
+def _assert_true_size(p: Path) -> bytes:
+    """The file's bytes, after checking that stat, fstat and every way of copying it agree
+    with them."""
+    with open(p, "rb") as f:
+        data = f.read()
+        assert os.fstat(f.fileno()).st_size == len(data), p
+    assert data, f"{p} read empty: the test needs bytes"
+    return data
+
+
+def _copies_agree(p: Path, data: bytes, out: Path) -> None:
+    """shutil.copy, rsync, tar and a private mmap all give ``data``."""
+    out.mkdir(parents=True, exist_ok=True)
+    assert Path(shutil.copy(p, out / "shutil")).read_bytes() == data
+    subprocess.run(["rsync", str(p), str(out / "rsync")], check=True, timeout=60)
+    assert (out / "rsync").read_bytes() == data
+    subprocess.run(
+        ["tar", "-cf", str(out / "t.tar"), "-C", str(p.parent), p.name], check=True, timeout=60
+    )
+    with tarfile.open(out / "t.tar") as t:
+        member = t.extractfile(p.name)
+        assert member is not None and member.read() == data
+    with open(p, "rb") as f:
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as m:
+            assert m[:] == data
+        # A shared mapping of a file read with direct_io: the kernel refuses it, clearly
+        # (a kernel and libfuse that allow it must map the real bytes).
+        try:
+            shared = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as err:
+            assert err.errno == errno.ENODEV
+        else:
+            with shared:
+                assert shared[:] == data
+
+
+def _version_time(name: str) -> float:
+    """The time in a history version's name (``000042-2026-11-30T10:12:03Z-3fa9c1d2``)."""
+    stamp = name.split("-", 1)[1][:19]
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+
+
+def test_history_versions_copy_with_every_tool(mount: Mount, tmp_path: Path) -> None:
+    f = mount.path / "notes.txt"
+    texts = [b"".join(b"line %d of version %d\n" % (i, v) for i in range(300)) for v in (1, 2)]
+    f.write_bytes(texts[0])
+    _ctl(mount, "sync")
+    f.write_bytes(texts[1])
+    f.unlink()  # a deleted file: its history is how to get it back
+    top = mount.path / ".rw" / "history" / "notes.txt"
+    names = sorted(p.name for p in top.iterdir())[-2:]  # (the first: the empty new file)
+    for n, name in enumerate(names):
+        data = _assert_true_size(top / name)
+        assert data == texts[n]
+        st = (top / name).stat()
+        assert st.st_size == len(data)
+        # The version's own time, not the mount's: the time in its name, to the second.
+        assert int(st.st_mtime) == _version_time(name)
+        _copies_agree(top / name, data, tmp_path / f"v{n}")
+    # Restoring a deleted file with Python, as an agent would, gives the file back.
+    shutil.copy(top / names[-1], f)
+    assert f.read_bytes() == texts[1]
+    res = subprocess.run(
+        ["git", "diff", "--no-index", "--exit-code", str(top / names[-1]), str(f)],
+        capture_output=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stdout
+
+
+def test_snapshot_tree_copies_with_copytree_rsync_and_tar(mount: Mount, tmp_path: Path) -> None:
+    (mount.path / "src").mkdir()
+    (mount.path / "src" / "app.py").write_text("".join(f"x{i} = {i}\n" for i in range(200)))
+    (mount.path / "src" / "kept.txt").write_text("never changed after the snapshot\n")
+    (mount.path / "README").write_text("hello\n")
+    want = _tree(mount.path)
+    (mount.path / ".rw" / "snapshots" / "s").mkdir()
+    (mount.path / "src" / "app.py").write_text("x = 'changed after'\n")  # read from an object
+    (mount.path / "README").unlink()
+    tree = mount.path / ".rw" / "snapshots" / "s" / "tree"
+    for rel in want:
+        data = _assert_true_size(tree / rel)
+        assert data == want[rel][0]
+        assert (tree / rel).stat().st_size == len(data)
+    shutil.copytree(tree, tmp_path / "copytree")
+    assert {k: v[0] for k, v in _tree(tmp_path / "copytree").items()} == {
+        k: v[0] for k, v in want.items()
+    }
+    subprocess.run(["rsync", "-a", f"{tree}/", str(tmp_path / "rsync")], check=True, timeout=60)
+    assert {k: v[0] for k, v in _tree(tmp_path / "rsync").items()} == {
+        k: v[0] for k, v in want.items()
+    }
+    (tmp_path / "untar").mkdir()
+    subprocess.run(["tar", "-cf", str(tmp_path / "s.tar"), "-C", str(tree), "."], check=True)
+    subprocess.run(
+        ["tar", "-xf", str(tmp_path / "s.tar"), "-C", str(tmp_path / "untar")], check=True
+    )
+    assert {k: v[0] for k, v in _tree(tmp_path / "untar").items()} == {
+        k: v[0] for k, v in want.items()
+    }
+    _copies_agree(tree / "src" / "app.py", want["src/app.py"][0], tmp_path / "one")
+    assert filecmp.cmp(tree / "src" / "kept.txt", mount.path / "src" / "kept.txt", shallow=False)
+
+
+def test_refused_draft_status_and_journal_report_their_sizes(mount: Mount, tmp_path: Path) -> None:
+    good = "".join(f"def f{i}():\n    return {i}\n" for i in range(30))
+    (mount.path / "m.py").write_text(good)
+    bad = good.replace("f5():", "f5(:")
+    before = time.time()
+    with pytest.raises(OSError):
+        (mount.path / "m.py").write_text(bad)
+    (draft,) = list((mount.path / ".rw" / "rejected").iterdir())
+    assert _assert_true_size(draft) == bad.encode()
+    assert draft.stat().st_size == len(bad)
+    assert draft.stat().st_mtime >= int(before)  # the time it was refused, not the mount's
+    _copies_agree(draft, bad.encode(), tmp_path / "draft")
+    _ctl(mount, "sync")
+    for name in ("status", "journal", "last-error", "README", "stats", "policy.toml"):
+        p = mount.path / ".rw" / name
+        data = _assert_true_size(p)
+        copied = Path(shutil.copy(p, tmp_path / name)).read_bytes()
+        if name in ("journal", "last-error", "README", "policy.toml"):  # nothing changes them
+            assert p.stat().st_size == len(data)
+            assert copied == data
+        else:  # figures that move with each request: a whole document each time
+            assert json.loads(copied)
+    lines = (tmp_path / "journal").read_text().splitlines()
+    assert [json.loads(x)["op"] for x in lines][-1] == "refuse"
+    subprocess.run(["rsync", str(mount.path / ".rw" / "status"), str(tmp_path / "st")], check=True)
+    # tar checks that size and mtime stay put while it reads: they do.
+    names = ["status", "journal", "README", "policy.toml"]
+    subprocess.run(
+        ["tar", "-cf", str(tmp_path / "rw.tar"), "-C", str(mount.path / ".rw"), *names], check=True
+    )
+    with tarfile.open(tmp_path / "rw.tar") as t:
+        assert json.loads(t.extractfile("status").read())["pid"] == mount.proc.pid  # type: ignore[union-attr]
+    assert json.loads((tmp_path / "st").read_text())["pid"] == mount.proc.pid  # type: ignore[union-attr]
