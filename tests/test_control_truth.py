@@ -1,5 +1,6 @@
-"""Control files tell the truth (SPEC §5) through real mounts: every file under ``.rw/``
-reports its real size and a meaningful mtime, so any copying tool gets its bytes."""
+"""Control files tell the truth (SPEC §5, §7.2, §8) through real mounts: every file under
+``.rw/`` reports its real size and a meaningful mtime, so any copying tool gets its bytes;
+restore and undo bring modes back and refuse bad requests."""
 
 from __future__ import annotations
 
@@ -16,11 +17,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Mount
+from conftest import RWFS, Mount
 
 
 def _ctl(m: Mount, text: str) -> None:
     (m.path / ".rw" / "ctl").write_text(text + "\n")
+
+
+def _envelope(m: Mount) -> dict[str, object]:
+    return dict(json.loads((m.path / ".rw" / "last-error").read_text()))
+
+
+def rwfs(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*RWFS, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
@@ -171,3 +180,130 @@ def test_refused_draft_status_and_journal_report_their_sizes(mount: Mount, tmp_p
     with tarfile.open(tmp_path / "rw.tar") as t:
         assert json.loads(t.extractfile("status").read())["pid"] == mount.proc.pid  # type: ignore[union-attr]
     assert json.loads((tmp_path / "st").read_text())["pid"] == mount.proc.pid  # type: ignore[union-attr]
+
+
+def test_restore_brings_back_the_mode_of_each_file(mount: Mount) -> None:
+    tool = mount.path / "tool.sh"
+    tool.write_text("#!/bin/sh\necho hi\n")
+    tool.chmod(0o755)
+    secret = mount.path / "secret.txt"
+    secret.write_text("mine\n")
+    secret.chmod(0o600)
+    plain = mount.path / "plain.txt"
+    plain.write_text("plain\n")
+    (mount.path / ".rw" / "snapshots" / "s").mkdir()
+    tool.unlink()
+    secret.write_text("changed\n")
+    secret.chmod(0o644)
+    plain.unlink()
+    _ctl(mount, "restore s")
+    assert tool.read_text() == "#!/bin/sh\necho hi\n"
+    assert tool.stat().st_mode & 0o7777 == 0o755
+    assert secret.read_text() == "mine\n"
+    assert secret.stat().st_mode & 0o7777 == 0o600
+    assert plain.stat().st_mode & 0o7777 == 0o644
+    # The snapshot's tree shows the bytes; restoring them by hand keeps working too.
+    assert subprocess.run([str(tool)], capture_output=True, text=True).stdout == "hi\n"
+
+
+def test_undo_brings_back_the_mode_of_each_file(mount: Mount) -> None:
+    tool = mount.path / "run.sh"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    key = mount.path / "key.txt"
+    key.write_text("k\n")
+    key.chmod(0o600)
+    (mount.path / ".rw" / "batches" / "rm").mkdir()
+    tool.unlink()
+    key.unlink()
+    (mount.path / ".rw" / "batches" / "rm" / "ctl").write_text("commit\n")
+    assert not tool.exists() and not key.exists()
+    _ctl(mount, "undo rm")
+    assert tool.stat().st_mode & 0o7777 == 0o755
+    assert key.stat().st_mode & 0o7777 == 0o600
+    assert key.read_text() == "k\n"
+    # A plain rm (a batch of one) too, of a file that existed before the mount.
+    tool.unlink()
+    _ctl(mount, "sync")
+    events = [json.loads(x) for x in (mount.path / ".rw" / "journal").read_text().splitlines()]
+    gone = [e for e in events if e["op"] == "unlink" and e["path"] == "run.sh"][-1]
+    _ctl(mount, f"undo {gone['batch']}")
+    assert tool.stat().st_mode & 0o7777 == 0o755
+
+
+def test_mode_of_a_file_that_predates_the_mount_comes_back(workspace: Path) -> None:
+    (workspace / "old.sh").write_text("#!/bin/sh\n")
+    (workspace / "old.sh").chmod(0o750)
+    m = Mount(workspace).start()
+    try:
+        (m.path / ".rw" / "snapshots" / "s").mkdir()
+        (m.path / "old.sh").unlink()
+        _ctl(m, "restore s")
+        assert (m.path / "old.sh").stat().st_mode & 0o7777 == 0o750
+    finally:
+        m.stop()
+
+
+def test_undo_twice_is_refused_and_changes_nothing(mount: Mount) -> None:
+    (mount.path / "a.txt").write_text("a0\n")
+    (mount.path / "c.txt").write_text("c0\n")
+    (mount.path / ".rw" / "batches" / "edit").mkdir()
+    (mount.path / "a.txt").write_text("a1\n")
+    (mount.path / "b.txt").write_text("b1\n")
+    (mount.path / "c.txt").unlink()
+    (mount.path / ".rw" / "batches" / "edit" / "ctl").write_text("commit\n")
+    _ctl(mount, "undo edit")
+    after_undo = _tree(mount.path)
+    assert after_undo == {"a.txt": (b"a0\n", 0o644), "c.txt": (b"c0\n", 0o644)}
+    _ctl(mount, "sync")
+    journal = (mount.path / ".rw" / "journal").read_text()
+    batches = sorted(p.name for p in (mount.path / ".rw" / "batches").iterdir())
+    with pytest.raises(OSError) as err:
+        _ctl(mount, "undo edit")
+    assert err.value.errno == errno.EINVAL
+    env = _envelope(mount)
+    assert env["ok"] is False and env["error"] == "policy_violation"
+    assert "undo-edit" in str(env["message"]) and env["path"] == ".rw/ctl"
+    assert _tree(mount.path) == after_undo
+    _ctl(mount, "sync")
+    assert (mount.path / ".rw" / "journal").read_text() == journal
+    assert sorted(p.name for p in (mount.path / ".rw" / "batches").iterdir()) == batches
+    res = rwfs("undo", "edit", cwd=mount.path)
+    assert res.returncode == 1 and "undo-edit" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert _tree(mount.path) == after_undo
+    # Undoing the undo redoes the batch; then the batch can be undone again.
+    _ctl(mount, "undo undo-edit")
+    assert (mount.path / "a.txt").read_text() == "a1\n" and not (mount.path / "c.txt").exists()
+    res = rwfs("undo", "edit", cwd=mount.path)
+    assert res.returncode == 0, res.stderr
+    assert "undo-edit-2" in res.stdout, res.stdout  # the name of the batch it made
+    assert (mount.path / ".rw" / "batches" / "undo-edit-2").is_dir()
+    assert _tree(mount.path) == after_undo
+
+
+def test_restore_refuses_paths_outside_the_workspace(mount: Mount, tmp_path: Path) -> None:
+    (mount.path / "etc").mkdir()
+    (mount.path / "etc" / "passwd").write_text("in the workspace\n")
+    (mount.path / "a.txt").write_text("a0\n")
+    (tmp_path / "outside").write_text("outside\n")
+    (mount.path / ".rw" / "snapshots" / "s").mkdir()
+    (mount.path / "etc" / "passwd").write_text("changed\n")
+    (mount.path / "a.txt").write_text("a1\n")
+    before = _tree(mount.path)
+    for bad in ("../outside", "/etc/passwd", str(tmp_path / "outside"), "etc/../a.txt", ".."):
+        with pytest.raises(OSError) as err:
+            _ctl(mount, f"restore s {bad}")
+        assert err.value.errno == errno.EINVAL, bad
+        env = _envelope(mount)
+        assert env["error"] == "policy_violation" and "outside" in str(env["message"]), env
+        assert _tree(mount.path) == before
+        assert (tmp_path / "outside").read_text() == "outside\n"
+    for bad in ("../outside", "/etc/passwd"):
+        res = rwfs("restore", "s", bad, cwd=mount.path)
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert _tree(mount.path) == before
+    assert not (mount.path / ".rw" / "batches" / "restore-s").exists()
+    _ctl(mount, "restore s etc/passwd")  # a path inside the workspace is restored
+    assert (mount.path / "etc" / "passwd").read_text() == "in the workspace\n"
+    assert (mount.path / "a.txt").read_text() == "a1\n"

@@ -277,10 +277,20 @@ def cmd_conflicts(a: argparse.Namespace) -> int:
     return 0
 
 
+def _made(mount: str, verb: str) -> str | None:
+    """Run a verb that makes a batch (undo, restore); the name of the batch it made."""
+    top = _control(mount, "batches")
+    before = set(os.listdir(top))
+    _verb(mount, _control(mount, "ctl"), verb)
+    made = sorted(set(os.listdir(top)) - before)
+    return made[0] if len(made) == 1 else None
+
+
 def cmd_undo(a: argparse.Namespace) -> int:
     mount = _mount_of(a.workspace)
-    _verb(mount, _control(mount, "ctl"), f"undo {a.batch}")
-    print(f"rwfs: batch {a.batch} undone (the undo is batch undo-{a.batch}: undo it to redo)")
+    made = _made(mount, f"undo {a.batch}")
+    how = f"the undo is batch {made}: undo it to redo" if made else "see 'rwfs batch status'"
+    print(f"rwfs: batch {a.batch} undone ({how})")
     return 0
 
 
@@ -308,8 +318,9 @@ def cmd_restore(a: argparse.Namespace) -> int:
         paths.append(os.path.relpath(full, base) if full.startswith(base + os.sep) else p)
     if any(" " in p or "\n" in p for p in paths):
         raise QuietError("paths with spaces cannot be restored by name yet; restore everything")
-    _verb(mount, _control(mount, "ctl"), " ".join(["restore", a.name, *paths]))
-    print(f"rwfs: restored {', '.join(paths) or 'the workspace'} to snapshot {a.name}")
+    made = _made(mount, " ".join(["restore", a.name, *paths]))
+    how = f" (batch {made}: undo it to go back)" if made else ""
+    print(f"rwfs: restored {', '.join(paths) or 'the workspace'} to snapshot {a.name}{how}")
     return 0
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from . import chunks, conflicts, gates, gc, handoff, parsers, scratch
+from .batches import modes_at
 from .history import History, Version
 from .policy import Policy, PolicyError
 from .store import now_iso, plain_name
@@ -331,7 +332,16 @@ class Control:
                 f"Nothing was undone: the journal has no change by batch {args[0]!r} "
                 "(batch names are in .rw/journal and .rw/batches/)."
             )
-        await self.batches.replay(f"undo-{args[0]}"[:64], changes, who)
+        undone = self.batches.undone_by(args[0])
+        if undone is not None:  # again, it would write the before-bytes over themselves
+            raise _verb_error(
+                f"Nothing was done: batch {args[0]} was already undone by batch {undone} "
+                f"(see .rw/batches/{undone}/status). To redo {args[0]}, write 'undo {undone}'."
+            )
+        modes = await trio.to_thread.run_sync(
+            lambda: modes_at(self.ws.store.events(), batch=args[0])
+        )
+        await self.batches.replay(f"undo-{args[0]}"[:64], changes, who, undoes=args[0], modes=modes)
 
     async def _restore(self, args: list[str], who: dict[str, Any]) -> None:
         if not args:
@@ -339,13 +349,21 @@ class Control:
         snap = self.snapshots.get(args[0])
         if snap is None:
             raise _verb_error(f"Nothing was restored: there is no snapshot {args[0]!r}.")
+        bad = [a for a in args[1:] if a.startswith("/") or ".." in a.split("/")]
+        if bad:  # (SPEC §5: no control-file input names anything outside the workspace)
+            raise _verb_error(
+                f"Nothing was restored: {bad[0]!r} is outside the workspace or names it "
+                "through '..'; give paths relative to the workspace's top, such as src/app.py."
+            )
         await self.ws.sync()
-        paths = [os.fsencode(os.path.normpath(a)).lstrip(b"/") for a in args[1:]]
+        paths = [os.fsencode(os.path.normpath(a)) for a in args[1:]]
         if b"." in paths:  # the workspace's top: everything
             paths = []
         changes = self.snapshots.changes_since(snap, paths)
         if changes:
-            await self.batches.replay(f"restore-{args[0]}"[:64], changes, who)
+            lsn = int(snap["lsn"])
+            modes = await trio.to_thread.run_sync(lambda: modes_at(self.ws.store.events(), lsn=lsn))
+            await self.batches.replay(f"restore-{args[0]}"[:64], changes, who, modes=modes)
 
     async def _gc(self, args: list[str], who: dict[str, Any]) -> None:
         no_args(args, "gc", ".rw/ctl")

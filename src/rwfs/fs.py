@@ -931,7 +931,8 @@ class Operations(pyfuse3.Operations):
             if journaled and stat.S_ISREG(st.st_mode) and not linked:
                 incoming = self.ws.objects.adopt(self.ws.root_fd, path)  # keep the bytes
             try:
-                with self._journal(journaled, ctx, "unlink", path, incoming):
+                mode = stat.S_IMODE(st.st_mode)  # of the file removed: undo, restore use it
+                with self._journal(journaled, ctx, "unlink", path, incoming, mode=mode):
                     os.unlink(path, dir_fd=self.ws.root_fd)
                     faults.point("after_unlink")
             except OSError:
@@ -1269,8 +1270,11 @@ class Operations(pyfuse3.Operations):
             return fi, attr
         how = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            with self._journal(self._journaled(path), ctx, "create", path, intended=EMPTY_DIGEST):
-                os.close(os.open(path, how, mode & ~ctx.umask, dir_fd=self.ws.root_fd))
+            made = mode & ~ctx.umask & 0o7777
+            with self._journal(
+                self._journaled(path), ctx, "create", path, intended=EMPTY_DIGEST, mode=made
+            ):
+                os.close(os.open(path, how, made, dir_fd=self.ws.root_fd))
         except FileExistsError:
             if flags & os.O_EXCL:
                 raise
