@@ -1,6 +1,6 @@
 """Control files tell the truth (SPEC §5, §7.2, §8) through real mounts: every file under
 ``.rw/`` reports its real size and a meaningful mtime, so any copying tool gets its bytes;
-restore and undo bring modes back and refuse bad requests."""
+restore and undo bring modes back and refuse bad requests; rwfs refuses to nest."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RWFS, Mount
+from conftest import RWFS, Mount, rwfs_mounted
 
 
 def _ctl(m: Mount, text: str) -> None:
@@ -307,3 +307,39 @@ def test_restore_refuses_paths_outside_the_workspace(mount: Mount, tmp_path: Pat
     _ctl(mount, "restore s etc/passwd")  # a path inside the workspace is restored
     assert (mount.path / "etc" / "passwd").read_text() == "in the workspace\n"
     assert (mount.path / "a.txt").read_text() == "a1\n"
+
+
+def _refused_nested(ws: Path, mountpoint: Path | None) -> None:
+    args = ["mount", str(ws)] + ([str(mountpoint)] if mountpoint else [])
+    point = mountpoint or ws
+    try:
+        res = rwfs(*args)
+    finally:  # (were it mounted, never leave it so)
+        if rwfs_mounted(str(point)):
+            subprocess.run(["fusermount3", "-u", str(point)], timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "inside an rwfs mount" in lines[0], res.stderr
+    assert not rwfs_mounted(str(point))
+    assert not (ws / ".rw").exists()
+
+
+def test_a_workspace_inside_a_mount_is_refused(mount: Mount) -> None:
+    inner = mount.path / "inner"
+    inner.mkdir()
+    (inner / "f.txt").write_text("f\n")
+    _refused_nested(inner, None)
+    _ctl(mount, "sync")
+    events = [json.loads(x) for x in (mount.path / ".rw" / "journal").read_text().splitlines()]
+    assert not [e for e in events if e["path"].startswith("inner/.rw")]
+
+
+def test_a_mount_point_inside_a_mount_is_refused(mount: Mount, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (mount.path / "mnt").mkdir()
+    _refused_nested(other, mount.path / "mnt")
+    # Through a symlink to the mount, too.
+    (tmp_path / "link").symlink_to(mount.path / "mnt")
+    _refused_nested(other, tmp_path / "link")
+    _refused_nested(tmp_path / "link", None)

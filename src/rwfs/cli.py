@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import kernelflags  # before pyfuse3 is imported: see kernelflags
-from .mount import QuietError, open_state, rwfs_mounts, serve, spawn, umount
+from .mount import QuietError, open_state, refuse_nesting, rwfs_mounts, serve, spawn, umount
 
 
 def _locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
@@ -47,6 +47,7 @@ def cmd_mount(a: argparse.Namespace) -> int:
                 os.write(ready, b"no\n")
             raise exc
         return 0
+    refuse_nesting(a.workspace, mountpoint)  # here too: one line, before any daemon starts
     spawn(a.workspace, mountpoint, sorted(options))
     print(f"rwfs: {a.workspace} mounted at {os.path.realpath(mountpoint)}")
     return 0
