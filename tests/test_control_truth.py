@@ -343,3 +343,27 @@ def test_a_mount_point_inside_a_mount_is_refused(mount: Mount, tmp_path: Path) -
     (tmp_path / "link").symlink_to(mount.path / "mnt")
     _refused_nested(other, tmp_path / "link")
     _refused_nested(tmp_path / "link", None)
+
+
+def test_modes_at_follows_the_journal() -> None:
+    from rwfs.batches import modes_at
+
+    evs = [
+        {"op": "create", "path": "a.sh", "mode": 0o755},
+        {"op": "write", "path": "a.sh", "expected": None, "mode": 0o755},
+        {"op": "setattr", "path": "a.sh", "mode": 0o700},
+        {"op": "write", "path": "d/k", "expected": None, "mode": 0o600},
+        {"op": "rename", "path": "d", "dest": "e"},  # a directory: its files move
+        {"op": "rename", "path": "a.sh", "dest": "b.sh", "intended": "sha256:x"},
+        {"op": "write", "path": "c", "expected": None, "mode": 0o644},
+        {"op": "rename", "path": "c", "dest": "e/k", "exchange": True},
+        # after the point: a file that predates rwfs, removed; a chmod of b.sh
+        {"op": "unlink", "path": "old", "mode": 0o750, "batch": "rm"},
+        {"op": "setattr", "path": "b.sh", "mode": 0o644},
+        {"op": "write", "path": "new", "expected": None, "mode": 0o640},
+    ]
+    for n, ev in enumerate(evs, 1):
+        ev["lsn"] = n
+    assert modes_at(evs, lsn=8) == {b"b.sh": 0o700, b"c": 0o600, b"e/k": 0o644, b"old": 0o750}
+    assert modes_at(evs, batch="rm") == modes_at(evs, lsn=8)
+    assert modes_at(evs, lsn=3) == {b"a.sh": 0o700, b"old": 0o750}
