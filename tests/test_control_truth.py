@@ -307,6 +307,9 @@ def test_restore_refuses_paths_outside_the_workspace(mount: Mount, tmp_path: Pat
     _ctl(mount, "restore s etc/passwd")  # a path inside the workspace is restored
     assert (mount.path / "etc" / "passwd").read_text() == "in the workspace\n"
     assert (mount.path / "a.txt").read_text() == "a1\n"
+    res = rwfs("restore", "s", ".", cwd=mount.path)  # the top: everything
+    assert res.returncode == 0 and "(batch restore-s-2:" in res.stdout, res.stdout + res.stderr
+    assert (mount.path / "a.txt").read_text() == "a0\n"
 
 
 def _refused_nested(ws: Path, mountpoint: Path | None) -> None:
