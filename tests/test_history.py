@@ -74,7 +74,7 @@ def test_a_newest_version_lost_behind_the_mount_reads_as_an_error(tmp_path: Path
             (top / newest).read_text()
         assert err.value.errno == errno.ESTALE
         envelope = _envelope(m)
-        assert envelope["error"] == "stale_precondition" and "outside the mount" in str(
+        assert envelope["error"] == "stale_precondition" and "changed outside the mount" in str(
             envelope["message"]
         )
     finally:

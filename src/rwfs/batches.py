@@ -23,7 +23,7 @@ import difflib
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -485,12 +485,31 @@ class Batches:
             _track_maker(made_by, op, path, ev)
         return {p: (after[p], before[p]) for p in after if after[p] != before[p]}
 
+    def undone_by(self, name: str) -> str | None:
+        """The batch that undid batch ``name`` and is still in effect (not undone in turn),
+        or None."""
+        for b in self.all.values():
+            undoes = b.record.get("undoes")
+            if undoes is None and b.record.get("scope", {}).get("kind") == "rwfs":
+                # (a journal from before ``undoes`` was recorded: the first undo's name)
+                undoes = name if b.name == f"undo-{name}"[:64] else None
+            if undoes == name and b.state != ABORTED and self.undone_by(b.name) is None:
+                return b.name
+        return None
+
     async def replay(
-        self, base: str, changes: dict[bytes, tuple[str | None, str | None]], who: dict[str, Any]
+        self,
+        base: str,
+        changes: dict[bytes, tuple[str | None, str | None]],
+        who: dict[str, Any],
+        undoes: str | None = None,
+        modes: dict[bytes, int] | None = None,
     ) -> Batch:
-        """A batch of rwfs's own (an undo, a restore): each path goes from its current bytes
-        to the target ones, guarded by digests; a path changed meanwhile becomes a conflict
-        (ESTALE once the rest is done). Returns the batch, which can itself be undone."""
+        """A batch of rwfs's own (an undo of batch ``undoes``, a restore): each path goes
+        from its current bytes to the target ones, guarded by digests; a path changed
+        meanwhile becomes a conflict (ESTALE once the rest is done). Returns the batch, which
+        can itself be undone. A file brought back gets its mode from ``modes`` (path ->
+        mode bits, see ``modes_at``) when it has one there."""
         name = base
         n = 1
         while name in self.all:
@@ -501,8 +520,13 @@ class Batches:
         for order, (path, (current, target)) in enumerate(sorted(changes.items())):
             key = fsdecode(path)
             entries[key] = {"expected": current, "intended": target, "size": 0, "order": order}
-            commits.append(Commit(path, Stage(-1, b"", current), target, 0, dict(who), batch=name))
+            info = dict(who)
+            if modes and target is not None and path in modes:
+                info["want_mode"] = modes[path]
+            commits.append(Commit(path, Stage(-1, b"", current), target, 0, info, batch=name))
         batch = self.all[name] = Batch(_record(name, COMMITTING, who, "rwfs", entries))
+        if undoes is not None:
+            batch.record["undoes"] = undoes
         async with batch.lock:
             await self.ws.sync()
             async with self.ws.commit_lock:
@@ -688,6 +712,8 @@ class Batches:
                 copy_metadata(live, stage.fd, os.fstat(live))
             finally:
                 os.close(live)
+        if "want_mode" in c.info:  # an undo's, a restore's: the mode the file had then
+            os.fchmod(stage.fd, c.info["want_mode"])
         return True
 
     def _live_fd(self, path: bytes) -> int | None:
@@ -748,6 +774,7 @@ class Batches:
             "reasons": rec.get("reasons", []),
             "paths": paths,
             **({"rolled_back": True} if rec.get("rolled_back") else {}),
+            **({"undoes": rec["undoes"]} if rec.get("undoes") else {}),
         }
 
     def diff(self, batch: Batch) -> bytes:
@@ -960,6 +987,51 @@ def _recover_committing(
         for c in batches.resume_now(batch):
             ws.settle(c)  # before the mount is served: only drops what is to go
         summary["performed"] += owed - unreadable
+
+
+def modes_at(
+    events: Iterable[dict[str, Any]], lsn: int | None = None, batch: str | None = None
+) -> dict[bytes, int]:
+    """The mode bits of each file at a point of the journal: after event ``lsn``, or just
+    before the first event of ``batch``. A file has the mode its last ``create``, ``write``
+    or ``setattr`` recorded up to that point, carried along renames. A file with no mode
+    recorded by then (it predates rwfs, or rwfs recorded no modes yet) has the mode its
+    first ``unlink`` or ``write`` after that point recorded, if that is its first event
+    since: the mode it kept until then, since nothing journaled changed it."""
+    modes: dict[bytes, int] = {}
+    later: dict[bytes, int] = {}
+    touched: set[bytes] = set()  # paths with an event after the point
+    after = False
+    for ev in events:
+        op = ev["op"]
+        path = os.fsencode(ev.get("path") or "")
+        dest = os.fsencode(ev["dest"]) if op == "rename" and ev.get("dest") else None
+        after = (
+            after
+            or (lsn is not None and ev["lsn"] > lsn)
+            or (batch is not None and ev.get("batch") == batch)
+        )
+        if after:
+            mode = ev.get("mode")
+            prior = op == "unlink" or (op == "write" and ev.get("expected") is not None)
+            if path not in touched and path not in modes and prior and mode is not None:
+                later[path] = mode
+            touched.update(p for p in (path, dest) if p is not None)
+            continue
+        if op in ("create", "write", "setattr") and ev.get("mode") is not None:
+            modes[path] = ev["mode"]
+        elif op == "unlink":
+            modes.pop(path, None)
+        elif dest is not None:
+            moved = {}
+            for src, dst in ((path, dest), (dest, path)) if ev.get("exchange") else ((path, dest),):
+                for p in [p for p in modes if p == src or p.startswith(src + b"/")]:
+                    moved[dst + p[len(src) :]] = modes.pop(p)
+            if not ev.get("exchange"):  # what the rename replaced is gone
+                for p in [p for p in modes if p == dest or p.startswith(dest + b"/")]:
+                    del modes[p]
+            modes.update(moved)
+    return {**later, **modes}
 
 
 def _track_maker(made_by: dict[bytes, Any], op: str, path: bytes, ev: dict[str, Any]) -> None:

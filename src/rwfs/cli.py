@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import kernelflags  # before pyfuse3 is imported: see kernelflags
-from .mount import QuietError, open_state, rwfs_mounts, serve, spawn, umount
+from .mount import QuietError, open_state, refuse_nesting, rwfs_mounts, serve, spawn, umount
 
 
 def _locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
@@ -49,6 +49,7 @@ def cmd_mount(a: argparse.Namespace) -> int:
                 os.write(ready, b"no\n")
             raise exc
         return 0
+    refuse_nesting(a.workspace, mountpoint)  # here too: one line, before any daemon starts
     spawn(a.workspace, mountpoint, sorted(options))
     print(f"rwfs: {a.workspace} mounted at {os.path.realpath(mountpoint)}")
     return 0
@@ -289,10 +290,20 @@ def cmd_conflicts(a: argparse.Namespace) -> int:
     return 0
 
 
+def _made(mount: str, verb: str) -> str | None:
+    """Run a verb that makes a batch (undo, restore); the name of the batch it made."""
+    top = _control(mount, "batches")
+    before = set(os.listdir(top))
+    _verb(mount, _control(mount, "ctl"), verb)
+    made = sorted(set(os.listdir(top)) - before)
+    return made[0] if len(made) == 1 else None
+
+
 def cmd_undo(a: argparse.Namespace) -> int:
     mount = _mount_of(a.workspace)
-    _verb(mount, _control(mount, "ctl"), f"undo {a.batch}")
-    print(f"rwfs: batch {a.batch} undone (the undo is batch undo-{a.batch}: undo it to redo)")
+    made = _made(mount, f"undo {a.batch}")
+    how = f"the undo is batch {made}: undo it to redo" if made else "see 'rwfs batch status'"
+    print(f"rwfs: batch {a.batch} undone ({how})")
     return 0
 
 
@@ -319,8 +330,9 @@ def cmd_restore(a: argparse.Namespace) -> int:
         full = os.path.realpath(p)
         paths.append(os.path.relpath(full, base) if full.startswith(base + os.sep) else p)
     # Quoted as a shell would: a path may hold blanks, newlines, quotes, any bytes.
-    _verb(mount, _control(mount, "ctl"), " ".join(["restore", a.name, *map(shlex.quote, paths)]))
-    print(f"rwfs: restored {', '.join(paths) or 'the workspace'} to snapshot {a.name}")
+    made = _made(mount, " ".join(["restore", a.name, *map(shlex.quote, paths)]))
+    how = f" (batch {made}: undo it to go back)" if made else ""
+    print(f"rwfs: restored {', '.join(paths) or 'the workspace'} to snapshot {a.name}{how}")
     return 0
 
 

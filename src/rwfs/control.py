@@ -2,12 +2,17 @@
 
 Each entry is a ``CFile`` (``render()`` makes its bytes fresh at every open; ``write`` takes
 the whole written text at close and raises ``RwfsError`` to refuse it) or a ``CDir``.
+A file whose bytes are fixed (an object, a live file) also has ``stat``, its size and
+mtime found without rendering it; any other file is sized by rendering it (SPEC §5: every
+entry reports its true ``st_size``).
 Later features add entries with ``Control.add``; nothing here knows about FUSE.
 """
 
 from __future__ import annotations
 
+import calendar
 import errno
+import functools
 import json
 import os
 import stat
@@ -20,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from . import chunks, conflicts, gates, gc, handoff, parsers, scratch
+from .batches import modes_at
 from .history import History, Version
 from .policy import Policy, PolicyError
 from .store import now_iso, plain_name
@@ -132,6 +138,21 @@ class CFile(CNode):
     slow: bool = False  # render() does I/O or parsing: run it in a worker thread
     max_bytes: int = 1 << 20  # the most a writer may write to it
     settle: bool = False  # make queued commits reach the tree before render() (handoff)
+    # (st_size, st_mtime_ns) of bytes that are fixed, known without rendering them; None:
+    # generated, sized by rendering.
+    stat: Callable[[], tuple[int, int]] | None = None
+    # What render() last made ((length, hash) of the bytes) and since when: the mtime of a
+    # generated file, so that it moves only when its bytes change (tar checks it).
+    seen: tuple[tuple[int, int], int] | None = None
+
+    def rendered(self) -> tuple[bytes, int]:
+        """Its bytes, rendered now, and the time it was first seen to hold them (ns)."""
+        data = self.render()
+        key = (len(data), hash(data))
+        seen = self.seen
+        if seen is None or seen[0] != key:
+            seen = self.seen = (key, time.time_ns())
+        return data, seen[1]
 
 
 @dataclass(eq=False)
@@ -302,6 +323,69 @@ class Control:
                 os.close(fd)
 
         self._put(self.rejected, draft_id, render)
+        node = self.rejected.children[os.fsencode(draft_id)]
+        assert isinstance(node, CFile)
+        refused = stamp_ns(draft_id[:16], "%Y%m%dT%H%M%SZ")  # the id starts with its time
+        node.stat = lambda: (object_stat(self.ws, digest)[0], refused)
+
+    def _holder(self, digest: str, path: bytes) -> bytes | None:
+        """A live file that holds ``digest`` (``path`` first, then wherever the journal
+        says such a file went): an old version's bytes, when rwfs kept no object of them
+        because a rename moved the file rather than replacing it."""
+        for p in sorted(self.history.holders(digest), key=lambda p: p != path):
+            if self.ws.live_digest(p)[0] == digest:
+                return p
+        return None
+
+    def _keep_targets(self, changes: dict[bytes, tuple[str | None, str | None]]) -> None:
+        """Bytes a restore or undo writes back that rwfs kept no object of (a file renamed
+        elsewhere still holds them): keep a copy now, from the live file that holds them."""
+        for path, (_, target) in changes.items():
+            if target is None or self.ws.objects.exists(target):
+                continue
+            holder = self._holder(target, path)
+            if holder is None:
+                continue  # the batch finds nothing to write it from, and says so
+            fd = os.open(
+                holder, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.ws.root_fd
+            )
+            try:
+                if self.ws.digest_of_fd(fd) == target:
+                    self.ws.objects.keep_fd_copy(fd, target)
+            finally:
+                os.close(fd)
+
+    def version_bytes(self, digest: str, path: bytes, where: bytes) -> bytes:
+        """The bytes of a version of ``path`` (history/, a snapshot's tree/): its object,
+        or a live file that holds them; ESTALE when neither is there any more."""
+        if self.ws.objects.exists(digest):
+            return conflicts.object_bytes(self.ws, digest)
+        holder = self._holder(digest, path)
+        if holder is not None:
+            return conflicts.live_bytes(self.ws, os.fsdecode(holder))
+        # Only a live file held it, and something changed that file behind rwfs (in the
+        # raw tree, beside a separate mount point).
+        raise RwfsError(
+            errno.ESTALE,
+            "stale_precondition",
+            "drift",
+            f"This version of {os.fsdecode(path)} is no longer anywhere: the file that "
+            "held it was changed outside the mount, and rwfs kept no copy of it. Read the "
+            "file itself, or another version.",
+            path=os.fsdecode(where),
+        )
+
+    def version_stat(self, digest: str, path: bytes) -> tuple[int, int]:
+        """(size, mtime in ns) of a version's bytes, found as ``version_bytes`` finds them."""
+        try:
+            return object_stat(self.ws, digest)
+        except FileNotFoundError:
+            for p in sorted(self.history.holders(digest), key=lambda p: p != path):
+                try:
+                    return live_stat(self.ws, p)
+                except FileNotFoundError:
+                    continue
+            return 0, 0
 
     def get(self, ino: int) -> CNode | None:
         return self.nodes.get(ino)
@@ -353,13 +437,24 @@ class Control:
         if len(args) != 1:
             raise _verb_error("undo takes one batch name: write 'undo NAME'.")
         await self.ws.sync()  # the journal holds every acknowledged write
-        changes = self.batches.changes_of(args[0])
+        # Reads the whole journal: off the event loop.
+        changes = await trio.to_thread.run_sync(self.batches.changes_of, args[0])
         if not changes:
             raise _verb_error(
                 f"Nothing was undone: the journal has no change by batch {args[0]!r} "
                 "(batch names are in .rw/journal and .rw/batches/)."
             )
-        await self.batches.replay(f"undo-{args[0]}"[:64], changes, who)
+        undone = self.batches.undone_by(args[0])
+        if undone is not None:  # again, it would write the before-bytes over themselves
+            raise _verb_error(
+                f"Nothing was done: batch {args[0]} was already undone by batch {undone} "
+                f"(see .rw/batches/{undone}/status). To redo {args[0]}, write 'undo {undone}'."
+            )
+        await trio.to_thread.run_sync(self._keep_targets, changes)
+        modes = await trio.to_thread.run_sync(
+            lambda: modes_at(self.ws.store.events(), batch=args[0])
+        )
+        await self.batches.replay(f"undo-{args[0]}"[:64], changes, who, undoes=args[0], modes=modes)
 
     async def _restore(self, args: list[str], who: dict[str, Any]) -> None:
         if not args:
@@ -367,13 +462,22 @@ class Control:
         snap = self.snapshots.get(args[0])
         if snap is None:
             raise _verb_error(f"Nothing was restored: there is no snapshot {args[0]!r}.")
+        bad = [a for a in args[1:] if a.startswith("/") or ".." in a.split("/")]
+        if bad:  # (SPEC §5: no control-file input names anything outside the workspace)
+            raise _verb_error(
+                f"Nothing was restored: {bad[0]!r} is outside the workspace or names it "
+                "through '..'; give paths relative to the workspace's top, such as src/app.py."
+            )
         await self.ws.sync()
-        paths = [os.fsencode(os.path.normpath(a)).lstrip(b"/") for a in args[1:]]
+        paths = [os.fsencode(os.path.normpath(a)) for a in args[1:]]
         if b"." in paths:  # the workspace's top: everything
             paths = []
         changes = self.snapshots.changes_since(snap, paths)
         if changes:
-            await self.batches.replay(f"restore-{args[0]}"[:64], changes, who)
+            await trio.to_thread.run_sync(self._keep_targets, changes)
+            lsn = int(snap["lsn"])
+            modes = await trio.to_thread.run_sync(lambda: modes_at(self.ws.store.events(), lsn=lsn))
+            await self.batches.replay(f"restore-{args[0]}"[:64], changes, who, modes=modes)
 
     async def _gc(self, args: list[str], who: dict[str, Any]) -> None:
         no_args(args, "gc", ".rw/ctl")
@@ -407,6 +511,31 @@ class Control:
 
 def _constant(data: bytes) -> Callable[[], bytes]:
     return lambda: data
+
+
+def object_stat(ws: Workspace, digest: str) -> tuple[int, int]:
+    """(size, mtime in ns) of a kept object: one stat, no read."""
+    st = os.stat(ws.objects.name(digest), dir_fd=ws.objects.fd, follow_symlinks=False)
+    return st.st_size, st.st_mtime_ns
+
+
+def live_stat(ws: Workspace, path: bytes) -> tuple[int, int]:
+    """(size, mtime in ns) of a file of the tree as ``conflicts.live_bytes`` reads it:
+    anything but a regular file reads as empty."""
+    st = os.stat(path, dir_fd=ws.root_fd, follow_symlinks=False)
+    return (st.st_size if stat.S_ISREG(st.st_mode) else 0), st.st_mtime_ns
+
+
+def stamp_ns(text: str, fmt: str = "%Y-%m-%dT%H:%M:%S") -> int:
+    """A UTC time at the start of ``text`` (a journal ``ts``, a draft id), in ns; the
+    milliseconds of a ``ts`` (``2026-11-30T10:12:03.123Z``) included. 0 if none is there."""
+    width = len(time.strftime(fmt, time.gmtime(0)))
+    try:
+        ns = calendar.timegm(time.strptime(text[:width], fmt)) * 10**9
+    except ValueError:
+        return 0
+    ms = text[width + 1 : width + 4]
+    return ns + int(ms) * 10**6 if text[width : width + 1] == "." and ms.isdigit() else ns
 
 
 def _json(obj: Any) -> bytes:
@@ -503,8 +632,12 @@ class ConflictViews:
         ws = self.c.ws
         d = self.c.mkdir(self.top, str(info["id"]).encode())
         self.c.add(d, b"info", _constant(_json({**info, "time": info["ts"]})))
-        self.c.add(d, b"base", lambda: conflicts.object_bytes(ws, info["expected"])).slow = True
-        self.c.add(d, b"intended", lambda: conflicts.object_bytes(ws, info["intended"])).slow = True
+        for name, digest in ((b"base", info["expected"]), (b"intended", info["intended"])):
+            node = self.c.add(d, name, functools.partial(conflicts.object_bytes, ws, digest))
+            node.slow = True
+            if digest is not None:  # (an absent file reads as empty)
+                node.stat = functools.partial(object_stat, ws, digest)
+        # The live file, or a batch's draft kept as an object: sized by rendering it.
         self.c.add(d, b"actual", lambda: conflicts.actual_bytes(ws, info)).slow = True
         self.c.add(d, b"merged", lambda: conflicts.merged(ws, info)).slow = True
         where = f".rw/conflicts/{info['id']}/ctl"
@@ -566,32 +699,18 @@ class HistoryViews:
                 self.c.remove(self.node, key)
         for key, v in wanted.items():
             if key not in self.node.children:
-                self.c.add(self.node, key, self._reader(v)).slow = True
+                node = self.c.add(self.node, key, self._reader(v))
+                node.slow, node.stat = True, self._stat(v)
+
+    def _stat(self, v: Version) -> Callable[[], tuple[int, int]]:
+        """The size of a version's bytes (the object's, or the live file's that holds
+        them) and the time of the version."""
+        digest = str(v.digest)
+        return lambda: (self.c.version_stat(digest, self.prefix)[0], stamp_ns(v.ts))
 
     def _reader(self, v: Version) -> Callable[[], bytes]:
-        path, ws, h = self.prefix, self.c.ws, self.c.history
-
-        def render() -> bytes:
-            assert v.digest is not None
-            if ws.objects.exists(v.digest):
-                return conflicts.object_bytes(ws, v.digest)
-            for p in sorted(h.holders(v.digest), key=lambda p: p != path):
-                if ws.live_digest(p)[0] == v.digest:  # a live file: this one, or where it went
-                    return conflicts.live_bytes(ws, os.fsdecode(p))
-            # Only the live file held it, and something changed that file behind rwfs
-            # (in the raw tree, beside a separate mount point).
-            raise RwfsError(
-                errno.ESTALE,
-                "stale_precondition",
-                "drift",
-                f"This version of {os.fsdecode(path)} is no longer anywhere: the file was "
-                "changed outside the mount, so it now holds other bytes, and rwfs kept no "
-                "copy of this, its newest journaled version. Read the file itself, or an "
-                "older version.",
-                path=os.fsdecode(b".rw/history/" + path + b"/" + v.name.encode()),
-            )
-
-        return render
+        digest, where = str(v.digest), b".rw/history/" + self.prefix + b"/" + v.name.encode()
+        return lambda: self.c.version_bytes(digest, self.prefix, where)
 
 
 class SnapshotViews:
@@ -614,7 +733,13 @@ class SnapshotViews:
             d = self.c.mkdir(self.top, key)
             snap = snaps[key]
             self.c.add(d, b"info", _constant(_json(snap)))
-            TreeView(self.c, self.c.mkdir(d, b"tree"), int(snap["lsn"]), b"")
+            TreeView(
+                self.c,
+                self.c.mkdir(d, b"tree"),
+                int(snap["lsn"]),
+                b"",
+                b".rw/snapshots/" + key + b"/tree",
+            )
 
     async def mkdir(self, raw: bytes, who: dict[str, Any]) -> None:
         name = plain_name(raw)
@@ -656,14 +781,15 @@ class SnapshotViews:
         """What restoring ``snap`` (or those paths, and what is below them) means: path ->
         (what the journal says it holds now, what it held then)."""
         h = self.c.history
-        h.refresh()
         out = {}
-        for path, versions in h.paths.items():
-            if paths and not any(path == p or path.startswith(p + b"/") for p in paths):
-                continue
-            changed, then = h.state_at(path, int(snap["lsn"]))
-            if changed and versions[-1].digest != then:
-                out[path] = (versions[-1].digest, then)
+        with h.lock:  # (worker threads read the index too)
+            h.refresh()
+            for path, versions in h.paths.items():
+                if paths and not any(path == p or path.startswith(p + b"/") for p in paths):
+                    continue
+                changed, then = h.state_at(path, int(snap["lsn"]))
+                if changed and versions[-1].digest != then:
+                    out[path] = (versions[-1].digest, then)
         return out
 
 
@@ -672,11 +798,12 @@ class TreeView:
     path that changed since the snapshot shown as it was then (or hidden, if it did not
     exist then)."""
 
-    def __init__(self, control: Control, node: CDir, lsn: int, prefix: bytes) -> None:
+    def __init__(self, control: Control, node: CDir, lsn: int, prefix: bytes, top: bytes) -> None:
         self.c = control
         self.node = node
         self.lsn = lsn
         self.prefix = prefix
+        self.top = top  # .rw/snapshots/NAME/tree, for error envelopes
         node.refresh, node.settle = self.refresh, True
 
     def _entries(self) -> dict[bytes, str | None]:
@@ -698,19 +825,20 @@ class TreeView:
                     out[name] = "dir" if entry.is_dir(follow_symlinks=False) else "live"
             finally:
                 os.close(fd)
-        for name in h.children(self.prefix):
-            path = self.prefix + b"/" + name if self.prefix else name
-            changed, then = h.state_at(path, self.lsn)
-            if path in h.paths and changed:
-                if then is None:
-                    out.pop(name, None)
-                else:
-                    out[name] = then
-            if any(
-                p.startswith(path + b"/") and h.state_at(p, self.lsn)[1] is not None
-                for p in h.paths
-            ):
-                out[name] = "dir"
+        with h.lock:  # (worker threads read the index too)
+            for name in h.children(self.prefix):
+                path = self.prefix + b"/" + name if self.prefix else name
+                changed, then = h.state_at(path, self.lsn)
+                if path in h.paths and changed:
+                    if then is None:
+                        out.pop(name, None)
+                    else:
+                        out[name] = then
+                if any(
+                    p.startswith(path + b"/") and h.state_at(p, self.lsn)[1] is not None
+                    for p in h.paths
+                ):
+                    out[name] = "dir"
         return out
 
     def refresh(self) -> None:
@@ -723,16 +851,23 @@ class TreeView:
             if what == "dir":
                 if not isinstance(node, CDir):
                     self.c.remove(self.node, name)
-                    TreeView(self.c, self.c.mkdir(self.node, name), self.lsn, path)
+                    TreeView(self.c, self.c.mkdir(self.node, name), self.lsn, path, self.top)
                 continue
             if not isinstance(node, CFile):
                 self.c.remove(self.node, name)
                 node = self.c.add(self.node, name, lambda: b"")
                 node.slow = True
             node.render = self._reader(path, what)
+            node.stat = self._stat(path, what)
 
     def _reader(self, path: bytes, what: str | None) -> Callable[[], bytes]:
         ws = self.c.ws
         if what == "live":
             return lambda: conflicts.live_bytes(ws, os.fsdecode(path))
-        return lambda: conflicts.object_bytes(ws, what)
+        return lambda: self.c.version_bytes(str(what), path, self.top + b"/" + path)
+
+    def _stat(self, path: bytes, what: str | None) -> Callable[[], tuple[int, int]]:
+        ws = self.c.ws
+        if what == "live":
+            return lambda: live_stat(ws, path)
+        return lambda: self.c.version_stat(str(what), path)

@@ -105,6 +105,16 @@ def _drop_kernel_entry(parent_ino: int, name: bytes) -> None:
         pass
 
 
+def _fixed_size(node: Any) -> tuple[int, int | None]:
+    """(size, mtime) of a control file whose bytes are fixed; (0, None) otherwise."""
+    if isinstance(node, CFile) and node.stat is not None:
+        try:
+            return node.stat()
+        except OSError:
+            pass
+    return 0, None
+
+
 def _exists(root_fd: int, path: bytes) -> bool:
     try:
         os.stat(path, dir_fd=root_fd, follow_symlinks=False)
@@ -126,6 +136,7 @@ class ControlHandle:
     node: CFile
     data: bytes
     written: bytearray | None = None
+    mtime_ns: int = 0  # of ``data`` (CFile.rendered): what fstat says while it is open
     dirty: bool = False  # written since the last flush applied the text
     who: dict[str, Any] = field(default_factory=dict)  # the opener (a verb's writer)
     # A verb that failed: (offset, bytes, errno). Buffered writers (Python's, for one)
@@ -182,6 +193,9 @@ class Operations(pyfuse3.Operations):
         self.show_control = show_control
         self.timeout = timeout
         self.handles = Handles()
+        # Open handles of each control file, oldest first: an fstat is answered with the
+        # size of the bytes that process's open rendered.
+        self._control_open: dict[int, list[ControlHandle]] = {}
         self._next_fh = 1
         self._procs: dict[int, tuple[int, str]] = {}
         # (process, inode) -> the inode's version when that process last opened it to read.
@@ -265,7 +279,9 @@ class Operations(pyfuse3.Operations):
             return inode.removed
         return os.stat(rel(inode.path), dir_fd=self.ws.root_fd, follow_symlinks=False)
 
-    def _control_attr(self, node: Any) -> pyfuse3.EntryAttributes:
+    def _control_attr(
+        self, node: Any, size: int = 0, mtime_ns: int | None = None
+    ) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.ino
         a.entry_timeout = 0
@@ -282,8 +298,42 @@ class Operations(pyfuse3.Operations):
         else:
             a.st_mode = stat.S_IFREG | (0o644 if node.write else 0o444)
             a.st_nlink = 1
-            a.st_size = 0  # read with direct_io: the size is whatever render() makes
+            a.st_size = size
+            a.st_blocks = (size + 511) // 512
+            a.st_blksize = 4096
+            if mtime_ns is not None:
+                a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = mtime_ns
         return a
+
+    async def _control_entry(self, node: Any, ctx: Any) -> pyfuse3.EntryAttributes:
+        """A control entry's attributes with its true size (SPEC §5), so that tools that
+        copy st_size bytes (shutil, rsync, tar, mmap) get them all."""
+        if not isinstance(node, CFile):
+            return self._control_attr(node)
+        return self._control_attr(node, *await self._control_size(node, ctx))
+
+    async def _control_size(self, node: CFile, ctx: Any) -> tuple[int, int]:
+        if node.stat is not None:  # fixed bytes (an object, a live file): one stat
+            try:
+                return node.stat()
+            except OSError:
+                return 0, time.time_ns()  # (and reading it gives nothing either)
+        # The process reading it now (fstat after open): the bytes its open rendered.
+        pid = self._who(ctx)["pid"] if ctx is not None else None
+        for h in reversed(self._control_open.get(node.ino, [])):
+            if h.who.get("pid") == pid and h.written is None:
+                return len(h.data), h.mtime_ns
+        # Otherwise render it as an open would (a large render in a worker thread).
+        try:
+            if node.settle:
+                await self.ws.sync()
+            if node.slow:
+                data, mtime = await trio.to_thread.run_sync(node.rendered)
+            else:
+                data, mtime = node.rendered()
+        except (RwfsError, OSError):
+            return 0, time.time_ns()  # opening it fails the same way, and says why
+        return len(data), mtime
 
     def _join(self, parent: Inode, name: bytes) -> bytes:
         if b"/" in name or name in (b".", b".."):
@@ -722,7 +772,7 @@ class Operations(pyfuse3.Operations):
             child = self.control.child(node, name) if isinstance(node, CDir) else None
             if child is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
-            return self._control_attr(child)
+            return await self._control_entry(child, ctx)
         parent = self._inode(parent_inode)
         if parent_inode == ROOT and name == b".rw":
             return self._control_attr(self.control.root)
@@ -747,7 +797,7 @@ class Operations(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         node = self.control.get(inode)
         if node is not None:
-            return self._control_attr(node)
+            return await self._control_entry(node, ctx)
         i = self._inode(inode)
         return self._attr(inode, self._stat(i))
 
@@ -934,7 +984,8 @@ class Operations(pyfuse3.Operations):
             if journaled and stat.S_ISREG(st.st_mode) and not linked:
                 incoming = self.ws.objects.adopt(self.ws.root_fd, path)  # keep the bytes
             try:
-                with self._journal(journaled, ctx, "unlink", path, incoming):
+                mode = stat.S_IMODE(st.st_mode)  # of the file removed: undo, restore use it
+                with self._journal(journaled, ctx, "unlink", path, incoming, mode=mode):
                     os.unlink(path, dir_fd=self.ws.root_fd)
                     faults.point("after_unlink")
             except OSError:
@@ -1277,12 +1328,14 @@ class Operations(pyfuse3.Operations):
             if node.settle:
                 await self.ws.sync()
             if flags & os.O_TRUNC:
-                data = b""
+                data, mtime = b"", time.time_ns()
             elif node.slow:  # reads and parses a file: off the event loop
-                data = await trio.to_thread.run_sync(node.render)
+                data, mtime = await trio.to_thread.run_sync(node.rendered)
             else:
-                data = node.render()
+                data, mtime = node.rendered()
             h = ControlHandle(node, data, bytearray() if writable else None, who=self._who(ctx))
+            h.mtime_ns = mtime
+            self._control_open.setdefault(node.ino, []).append(h)
             return pyfuse3.FileInfo(fh=self._fh(h), direct_io=True)
         i = self._inode(inode)
         writable = flags & os.O_ACCMODE != os.O_RDONLY
@@ -1355,8 +1408,11 @@ class Operations(pyfuse3.Operations):
             return fi, attr
         how = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            with self._journal(self._journaled(path), ctx, "create", path, intended=EMPTY_DIGEST):
-                os.close(os.open(path, how, mode & ~ctx.umask, dir_fd=self.ws.root_fd))
+            made = mode & ~ctx.umask & 0o7777
+            with self._journal(
+                self._journaled(path), ctx, "create", path, intended=EMPTY_DIGEST, mode=made
+            ):
+                os.close(os.open(path, how, made, dir_fd=self.ws.root_fd))
         except FileExistsError:
             if flags & os.O_EXCL:
                 raise
@@ -1510,6 +1566,12 @@ class Operations(pyfuse3.Operations):
     @_guard(quiet=True)
     async def release(self, fh: int) -> None:
         h = self.handles.pop(fh)
+        if isinstance(h, ControlHandle):
+            opened = self._control_open.get(h.node.ino, [])
+            if h in opened:
+                opened.remove(h)
+            if not opened:
+                self._control_open.pop(h.node.ino, None)
         if not isinstance(h, Handle):
             return
         kernelflags.fast_writes_end(fh)
@@ -1626,7 +1688,9 @@ class Operations(pyfuse3.Operations):
                 node = h.node.children.get(name)
                 if node is None:
                     continue  # gone since opendir (a batch removed, a conflict settled)
-                if not pyfuse3.readdir_reply(token, name, self._control_attr(node), idx + 1):
+                # (A stat asks again, attr_timeout 0: a listing sizes only fixed bytes.)
+                attr = self._control_attr(node, *_fixed_size(node))
+                if not pyfuse3.readdir_reply(token, name, attr, idx + 1):
                     return
                 continue
             assert h.inode is not None

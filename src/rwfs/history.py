@@ -30,12 +30,29 @@ incrementally.
 from __future__ import annotations
 
 import bisect
+import functools
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .objects import EMPTY_DIGEST
 from .store import Store
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(fn: F) -> F:
+    """The index is read by the event loop and by control files rendered in worker
+    threads: one at a time."""
+
+    @functools.wraps(fn)
+    def run(self: History, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return fn(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -61,7 +78,9 @@ class History:
         self.origins: dict[bytes, list[tuple[int, bytes]]] = {}
         self._listed: tuple[int, set[bytes]] | None = None
         self.moved_away: set[bytes] = set()  # paths whose file was last renamed elsewhere
+        self.lock = threading.RLock()
 
+    @_locked
     def refresh(self) -> None:
         last = self.store.meta_int(b"lsn")
         if last == self.lsn:
@@ -160,6 +179,7 @@ class History:
                     todo.append(src)
         return [v for p, b in bound.items() for v in self.paths.get(p, []) if v.lsn < b]
 
+    @_locked
     def versions(self, path: bytes) -> list[Version]:
         """The versions of ``path`` that had bytes, with those of the files renamed to it,
         oldest first; a run of the same bytes once (its first)."""
@@ -177,6 +197,7 @@ class History:
             out.append(v)
         return out
 
+    @_locked
     def listed(self) -> set[bytes]:
         """The paths ``history/`` lists: those that exist, and removed ones that held
         bytes no listed path's versions hold (of two removed paths with the same bytes, the
@@ -196,11 +217,13 @@ class History:
         self._listed = (self.lsn, live | gone)
         return live | gone
 
+    @_locked
     def holders(self, digest: str) -> list[bytes]:
         """The paths whose file the journal last saw holding ``digest``."""
         self.refresh()
         return [p for p, got in self.paths.items() if got and got[-1].digest == digest]
 
+    @_locked
     def children(self, prefix: bytes, listed: bool = False) -> set[bytes]:
         """Names directly below ``prefix`` (b"" for the top) of paths with a history (with
         ``listed``: of the paths ``history/`` lists)."""
@@ -212,6 +235,7 @@ class History:
             if p.startswith(start) and len(p) > len(start)
         }
 
+    @_locked
     def state_at(self, path: bytes, lsn: int) -> tuple[bool, str | None]:
         """(changed since ``lsn``, the digest ``path`` held at ``lsn``; None if absent)."""
         self.refresh()

@@ -56,6 +56,22 @@ def rwfs_mounts() -> dict[str, str]:
     return out
 
 
+def refuse_nesting(workspace: str, mountpoint: str) -> None:
+    """Refuse a workspace or mount point inside an rwfs mount (symlinks resolved): the
+    outer mount would journal, gate and stage every write of the inner daemon (its LMDB
+    pages, its objects) and the inner one would serve files the outer one rewrites."""
+    mounts = rwfs_mounts()
+    for what, path in (("workspace", workspace), ("mount point", mountpoint)):
+        real = os.path.realpath(path)
+        for point in mounts:
+            if real != point and real.startswith(point.rstrip("/") + "/"):
+                raise QuietError(
+                    f"the {what} {real} is inside an rwfs mount ({point}); rwfs does not "
+                    "mount inside itself and changed nothing: choose a directory outside "
+                    f"{point}, or unmount it first"
+                )
+
+
 def open_state(workspace_fd: int, create: bool) -> int:
     """Open (or make) WORKSPACE/.rw, refusing a ``.rw`` that is not rwfs state."""
     try:
@@ -111,6 +127,7 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
     mountpoint = os.path.realpath(mountpoint)
     if workspace in rwfs_mounts() or mountpoint in rwfs_mounts():
         raise QuietError(f"{mountpoint} is already an rwfs mount; a second mount is refused")
+    refuse_nesting(workspace, mountpoint)
     root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
     state_fd = open_state(root_fd, create=True)
     lock_fd = os.open(b"lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=state_fd)

@@ -959,6 +959,8 @@ class Workspace:
                 c.info["kept"] = True
             faults.point("after_preimage")
             if c.intended is None:
+                if st is not None:  # the mode of the file removed: undo, restore use it
+                    c.info["mode"] = stat.S_IMODE(st.st_mode)
                 os.unlink(rel(c.path), dir_fd=self.root_fd)
                 c.outcome = "committed"
                 return
@@ -990,6 +992,7 @@ class Workspace:
                 )
                 return
             self._remember(mine, c.intended)
+            c.info["mode"] = stat.S_IMODE(mine.st_mode)  # journaled: undo, restore use it
             c.new_ino = mine.st_ino
             c.outcome = "committed"
         except OSError as exc:
@@ -1122,6 +1125,8 @@ def record_commit(txn: Any, c: Commit) -> None:
         ev["actual"] = c.info.get("actual")
     if c.info.get("recovered"):
         ev["recovered"] = True
+    if "mode" in c.info and c.outcome == "committed":
+        ev["mode"] = c.info["mode"]
     if c.outcome == "error":
         receipt["state"] = "pending"
         receipt["error"] = c.error.envelope["message"] if c.error else "error"
