@@ -387,11 +387,6 @@ XFAIL: dict[tuple[str, str], str] = {
     " leaves f.py's new bytes and g.py",
     ("restore-path", "hardlink"): "a write through a hard link is unjournaled: restore"
     " leaves f.py's new bytes",
-    **{
-        ("undo", p): "unlink+create+write is three batches of one: undoing the newest write"
-        " leaves the empty file the create made, not the old bytes"
-        for p in RECREATES
-    },
     ("undo", "hardlink"): "a write through a hard link has no journal event: nothing to undo",
     ("batch-commit", "hardlink"): "a hard-linked file is written in place: the batch holds"
     " nothing: its diff is empty",
@@ -414,8 +409,6 @@ XFAIL: dict[tuple[str, str], str] = {
     ("journal", "hardlink"): "a write through a hard link has no journal event (known gap)",
     ("history-made", "hardlink"): "a write through a hard link is in place and unjournaled"
     " (known gap): the new bytes are not in f.py's history, g.py has none",
-    ("undo", "vim-rename"): "rename away + create + write are separate batches: undoing the"
-    " newest write leaves the empty file the create made",
     ("gates", "vim-rename"): "the new f.py is a new file, which gates never judge: the"
     " broken bytes are written, vim exits 0",
     **{

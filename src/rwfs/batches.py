@@ -30,6 +30,7 @@ from typing import Any
 import trio
 
 from . import faults
+from .objects import EMPTY_DIGEST
 from .store import now_iso, plain_name
 from .workspace import (
     _LIMIT,
@@ -461,17 +462,25 @@ class Batches:
 
         The source of a rename that the renaming process made itself, and that only it
         wrote, is its temporary file (an editor's or ``sed -i``'s write-then-rename): the
-        undo does not make it again."""
+        undo does not make it again.
+
+        A save that removes the file (``unlink``, or a rename away: ``git checkout``, vim's
+        backup rename, ``rm`` then a new file), makes it again and writes it is one edit:
+        undoing that first write gives back the bytes before the removal, not the empty
+        file the ``create`` made."""
         before: dict[bytes, str | None] = {}
         after: dict[bytes, str | None] = {}
         made_by: dict[bytes, Any] = {}  # path -> pid of the process that made the file
+        remade = _Remade()
         for ev in self.ws.store.events():
             op = ev["op"]
             if not ev.get("path"):  # (a gc)
                 continue
             path = os.fsencode(ev["path"])
+            was = remade.follow(op, path, ev)
             if ev.get("batch") == name and op in ("write", "create", "unlink"):
-                before.setdefault(path, None if op == "create" else ev.get("expected"))
+                base = was if op == "write" and was is not None else ev.get("expected")
+                before.setdefault(path, None if op == "create" else base)
                 after[path] = None if op == "unlink" else ev.get("intended")
             elif ev.get("batch") == name and op == "rename" and ev.get("intended"):
                 if not ev.get("exchange"):  # (nor is a directory's rename undone)
@@ -1032,6 +1041,36 @@ def modes_at(
                     del modes[p]
             modes.update(moved)
     return {**later, **modes}
+
+
+class _Remade:
+    """Follows, for ``changes_of``, the files removed and made again by the same user with
+    nothing else happening to the name in between: the first write of such a file is an
+    edit of the bytes the name held before the removal."""
+
+    def __init__(self) -> None:
+        self.removed: dict[bytes, tuple[str | None, Any]] = {}  # path -> (bytes, uid)
+        self.remade: dict[bytes, str | None] = {}  # made again, not yet written
+
+    def follow(self, op: str, path: bytes, ev: dict[str, Any]) -> str | None:
+        """Record the event; for the first write of a file made again, the bytes its name
+        held before the removal (else None)."""
+        if op not in ("write", "create", "unlink", "rename", "resolve"):
+            return None  # (a chmod, a noop: the name's bytes stay as they were)
+        was = self.remade.pop(path, None)
+        if op == "write" and ev.get("expected") == EMPTY_DIGEST:
+            return was
+        gone = self.removed.pop(path, None)
+        if op == "unlink" and ev.get("expected"):
+            self.removed[path] = (ev["expected"], ev.get("uid"))
+        elif op == "rename" and not ev.get("exchange") and ev.get("dest"):
+            self.removed.pop(os.fsencode(ev["dest"]), None)
+            self.remade.pop(os.fsencode(ev["dest"]), None)
+            if ev.get("intended"):  # a file moved away: what the name held
+                self.removed[path] = (ev["intended"], ev.get("uid"))
+        elif op == "create" and gone is not None and gone[1] == ev.get("uid"):
+            self.remade[path] = gone[0]
+        return None
 
 
 def _track_maker(made_by: dict[bytes, Any], op: str, path: bytes, ev: dict[str, Any]) -> None:
