@@ -12,9 +12,10 @@ different questions:
   the destination it replaced and its ``intended`` for the source that moved. ``state_at``
   reads timelines only: snapshots and restore see a file saved by write-a-temporary-then-
   rename as existing throughout, with its old bytes before the rename.
-- its **lineage**: a file renamed to a name where nothing was keeps the versions it had
-  under its old name (``origins``). ``versions`` lists them together with the name's own,
-  oldest first, each distinct run of bytes once.
+- its **lineage**: a file renamed to a name keeps the versions it had under its old name
+  (``origins``). ``versions`` lists them together with the name's own, oldest first, each
+  run of the same bytes once: a temporary written once and renamed over its target adds
+  one version to the target's list.
 
 ``listed`` is the set of paths ``history/`` shows: every path that exists now, and a removed
 path only if it held bytes that no listed path's versions hold. A temporary file an editor
@@ -74,7 +75,7 @@ class History:
         self.store = store
         self.lsn = 0
         self.paths: dict[bytes, list[Version]] = {}  # timelines
-        # path -> [(lsn, source)]: at lsn, the file at source moved here while nothing was.
+        # path -> [(lsn, source)]: at lsn, the file at source was renamed to path.
         self.origins: dict[bytes, list[tuple[int, bytes]]] = {}
         self._listed: tuple[int, set[bytes]] | None = None
         self.moved_away: set[bytes] = set()  # paths whose file was last renamed elsewhere
