@@ -520,16 +520,22 @@ class TestHistoryMadeThroughMount:
         assert (listed, versions) == (sorted([TARGET, *pat.extra]), want), names
 
 
+def snapshot_then_write(env: Env, pat: Pattern, snap: str) -> tuple[Cell, dict[str, bytes]]:
+    """A cell, snapshot ``snap`` of it, then the pattern's write; the cell's files before."""
+    c = make_cell(env, pat)
+    before = files(c.d)
+    os.mkdir(c.rw / "snapshots" / snap)
+    do_write(c, pat)
+    return c, before
+
+
 class TestSnapshot:
     """A snapshot's tree shows the old bytes and the file throughout."""
 
     @pytest.mark.parametrize("name", cells("snapshot"))
     def test_cell(self, env: Env, name: str) -> None:
         pat = BY_NAME[name]
-        c = make_cell(env, pat)
-        before = files(c.d)
-        os.mkdir(c.rw / "snapshots" / f"s-{name}")
-        do_write(c, pat)
+        c, before = snapshot_then_write(env, pat, f"s-{name}")
         tree = c.rw / "snapshots" / f"s-{name}" / "tree" / c.name
         assert TARGET in os.listdir(tree)
         assert files(tree) == before
@@ -541,10 +547,7 @@ class TestRestoreWhole:
     @pytest.mark.parametrize("name", cells("restore-whole"))
     def test_cell(self, env: Env, name: str) -> None:
         pat = BY_NAME[name]
-        c = make_cell(env, pat)
-        before = files(c.d)
-        os.mkdir(c.rw / "snapshots" / f"s-{name}")
-        do_write(c, pat)
+        c, before = snapshot_then_write(env, pat, f"s-{name}")
         ctl(c, f"restore s-{name}")
         assert (files(c.d), files(c.raw)) == (before, before)
 
@@ -555,10 +558,7 @@ class TestRestorePath:
     @pytest.mark.parametrize("name", cells("restore-path"))
     def test_cell(self, env: Env, name: str) -> None:
         pat = BY_NAME[name]
-        c = make_cell(env, pat)
-        before = files(c.d)
-        os.mkdir(c.rw / "snapshots" / f"s-{name}")
-        do_write(c, pat)
+        c, before = snapshot_then_write(env, pat, f"s-{name}")
         ctl(c, f"restore s-{name} {c.rel}")
         want = {**before, **{n: pat.new for n in pat.extra}}  # only f.py is restored
         assert (files(c.d), files(c.raw)) == (want, want)

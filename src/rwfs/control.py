@@ -63,15 +63,10 @@ def split_verbs(text: str) -> list[list[str]]:
                 word.append(ch)
                 started = True
             escaped = False
-        elif quote == "'":
-            if ch == "'":
-                quote = ""
-            else:
-                word.append(ch)
-        elif ch == "\\":
+        elif ch == "\\" and quote != "'":  # (inside '…' a backslash is itself)
             escaped = True
-        elif quote == '"':
-            if ch == '"':
+        elif quote:
+            if ch == quote:
                 quote = ""
             else:
                 word.append(ch)
