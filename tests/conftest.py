@@ -8,6 +8,7 @@ that the daemon logged no traceback and that ``rwfs fsck`` agrees with the tree.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -19,6 +20,13 @@ from pathlib import Path
 import pytest
 
 RWFS = [sys.executable, "-m", "rwfs.cli"]
+
+
+def _end_with_parent() -> None:
+    """In the daemon, before exec: SIGTERM (rwfs then unmounts and exits) when the test
+    process dies. pytest-timeout ends a hung test with os._exit, which runs no fixture
+    teardown: without this its mounts would stay."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _require_fuse() -> None:
@@ -78,6 +86,7 @@ class Mount:
             stderr=logf,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **self.env},
+            preexec_fn=_end_with_parent,
         )
         logf.close()
         deadline = time.monotonic() + timeout
