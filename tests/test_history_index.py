@@ -173,3 +173,44 @@ def test_of_a_removed_target_and_its_temporary_only_the_target_is_listed(store: 
     journal(store, unlink("c.py", V1))
     h = History(store)
     assert h.children(b"", listed=True) == {b"c.py"}
+
+
+def undo_of(store: Store, batch: str) -> dict[bytes, tuple[str | None, str | None]]:
+    """What undoing ``batch`` would do: path -> (bytes now, bytes after the undo)."""
+    from types import SimpleNamespace
+
+    from rwfs.batches import Batches
+
+    return Batches(SimpleNamespace(store=store)).changes_of(batch)  # type: ignore[arg-type]
+
+
+def test_undo_of_a_save_by_removal_and_re_creation_gives_back_the_old_bytes(
+    store: Store,
+) -> None:
+    """git checkout, vim's save, rm then a new file: three events in a row, one edit."""
+    journal(
+        store,
+        {**unlink("f.py", OLD), "uid": 0, "batch": "auto-e1"},
+        {**create("f.py"), "uid": 0, "batch": "auto-e2"},
+        {**write("f.py", EMPTY_DIGEST, V1), "uid": 0, "batch": "auto-3"},
+        {**rename("g.py", "g.py~", None, OTHER), "uid": 0, "batch": "auto-4"},
+        {**create("g.py"), "uid": 0, "batch": "auto-e5"},
+        {**write("g.py", EMPTY_DIGEST, V2), "uid": 0, "batch": "auto-6"},
+    )
+    assert undo_of(store, "auto-3") == {b"f.py": (V1, OLD)}
+    assert undo_of(store, "auto-6") == {b"g.py": (V2, OTHER)}
+
+
+def test_a_file_made_again_later_is_a_new_file_for_undo(store: Store) -> None:
+    journal(
+        store,
+        {**rename("f.py", "elsewhere", None, OLD), "uid": 0},
+        {**create("f.py"), "uid": 0},
+        {**write("other", None, V3), "uid": 0},  # something else happened in between
+        {**write("f.py", EMPTY_DIGEST, V1), "uid": 0, "batch": "b1"},
+        {**unlink("h.py", OLD), "uid": 0},
+        {**create("h.py"), "uid": 1000},  # made again by another user
+        {**write("h.py", EMPTY_DIGEST, V2), "uid": 1000, "batch": "b2"},
+    )
+    assert undo_of(store, "b1") == {b"f.py": (V1, EMPTY_DIGEST)}
+    assert undo_of(store, "b2") == {b"h.py": (V2, EMPTY_DIGEST)}

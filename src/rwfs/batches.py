@@ -465,9 +465,9 @@ class Batches:
         undo does not make it again.
 
         A save that removes the file (``unlink``, or a rename away: ``git checkout``, vim's
-        backup rename, ``rm`` then a new file), makes it again and writes it is one edit:
-        undoing that first write gives back the bytes before the removal, not the empty
-        file the ``create`` made."""
+        backup rename, ``rm`` then a new file), makes it again and writes it, three events
+        in a row, is one edit: undoing that write gives back the bytes before the removal,
+        not the empty file the ``create`` made."""
         before: dict[bytes, str | None] = {}
         after: dict[bytes, str | None] = {}
         made_by: dict[bytes, Any] = {}  # path -> pid of the process that made the file
@@ -1044,32 +1044,32 @@ def modes_at(
 
 
 class _Remade:
-    """Follows, for ``changes_of``, the files removed and made again by the same user with
-    nothing else happening to the name in between: the first write of such a file is an
-    edit of the bytes the name held before the removal."""
+    """Follows, for ``changes_of``, a save that removes a file and makes it again: the
+    removal (an unlink, or a rename away), the ``create`` and the first write, each the
+    journal's very next event, by the same user. That first write is an edit of the bytes
+    the name held before the removal. Anything else in between (another event of any
+    path) and the create is a new file of its own."""
 
     def __init__(self) -> None:
-        self.removed: dict[bytes, tuple[str | None, Any]] = {}  # path -> (bytes, uid)
-        self.remade: dict[bytes, str | None] = {}  # made again, not yet written
+        self.removed: tuple[bytes, str, Any, int] | None = None  # (path, bytes, uid, lsn)
+        self.remade: tuple[bytes, str, int] | None = None  # (path, bytes, lsn)
 
     def follow(self, op: str, path: bytes, ev: dict[str, Any]) -> str | None:
         """Record the event; for the first write of a file made again, the bytes its name
         held before the removal (else None)."""
-        if op not in ("write", "create", "unlink", "rename", "resolve"):
-            return None  # (a chmod, a noop: the name's bytes stay as they were)
-        was = self.remade.pop(path, None)
+        lsn, removed, remade = ev["lsn"], self.removed, self.remade
+        self.removed = self.remade = None
         if op == "write" and ev.get("expected") == EMPTY_DIGEST:
-            return was
-        gone = self.removed.pop(path, None)
-        if op == "unlink" and ev.get("expected"):
-            self.removed[path] = (ev["expected"], ev.get("uid"))
-        elif op == "rename" and not ev.get("exchange") and ev.get("dest"):
-            self.removed.pop(os.fsencode(ev["dest"]), None)
-            self.remade.pop(os.fsencode(ev["dest"]), None)
-            if ev.get("intended"):  # a file moved away: what the name held
-                self.removed[path] = (ev["intended"], ev.get("uid"))
-        elif op == "create" and gone is not None and gone[1] == ev.get("uid"):
-            self.remade[path] = gone[0]
+            if remade is not None and remade[0] == path and remade[2] == lsn - 1:
+                return remade[1]
+        elif op == "create":
+            if removed is not None and removed[0] == path and removed[3] == lsn - 1:
+                if removed[2] == ev.get("uid"):
+                    self.remade = (path, removed[1], lsn)
+        elif op == "unlink" and ev.get("expected"):
+            self.removed = (path, ev["expected"], ev.get("uid"), lsn)
+        elif op == "rename" and not ev.get("exchange") and ev.get("intended"):
+            self.removed = (path, ev["intended"], ev.get("uid"), lsn)  # moved away
         return None
 
 
