@@ -485,7 +485,7 @@ class Operations(pyfuse3.Operations):
         if inode.pending is c:
             inode.pending = None
         if inode.virtual and inode.pending is None:
-            self._unvirtual(inode, keep=c.outcome == "committed")
+            self._unvirtual(inode, c.outcome)
         if inode.stage is c.stage:
             inode.stage = None
         elif inode.stage is not None and c.outcome in ("committed", "landed"):
@@ -502,19 +502,48 @@ class Operations(pyfuse3.Operations):
             self._invalidate(inode)
         self._release_fd(inode)
 
-    def _unvirtual(self, inode: Inode, keep: bool) -> None:
+    def _unvirtual(self, inode: Inode, outcome: str) -> None:
         """A batch-created file's draft is settled: committed, it is the tree's file now;
-        otherwise (aborted, or a file appeared there first) the name shows the tree again."""
+        otherwise (aborted, back to its base bytes, or a file appeared there first) the
+        name shows the tree again."""
         inode.virtual = False
         for p in list(inode.paths):
             if self._virtual.get(p) is inode:
                 del self._virtual[p]
-        if keep:
+        if outcome == "committed":
+            return
+        # The kernel holds this inode for the name, and keeps it until an invalidation
+        # that runs later (and never for a descriptor open on it): while the tree has a
+        # file there, this inode stays that file, as an inode whose draft a batch drops
+        # does. Not for a draft a rename replaced: the rename detaches the name itself.
+        if outcome != "replaced" and self._adopt_tree_file(inode):
             return
         for p in list(inode.paths):
             self.inodes.detach(p)
             self._drop_entry(p)
         self.inodes.orphan(inode)
+
+    def _adopt_tree_file(self, inode: Inode) -> bool:
+        """Make a virtual inode whose draft ended the tree's file at its name: its backing
+        key, and a backing descriptor for the handles still open on it. False if the tree
+        has no regular file there, or one another inode stands for (a hard link)."""
+        if len(inode.paths) != 1 or inode.path in self._hidden:
+            return False
+        try:
+            st = os.stat(inode.path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and inode.handles > 0:
+                self._open_backing(inode, writable=False)
+                st = os.fstat(inode.fd)
+        except OSError:
+            return False
+        other = self.inodes.by_key.get((st.st_dev, st.st_ino))
+        if not stat.S_ISREG(st.st_mode) or (other is not None and other is not inode):
+            if inode.fd >= 0:
+                os.close(inode.fd)
+                inode.fd = -1
+            return False
+        self.inodes.rekey(inode, (st.st_dev, st.st_ino))
+        return True
 
     def _gone(self, path: bytes) -> None:
         gone = self.inodes.detach(path)
