@@ -372,7 +372,6 @@ PATTERNS = [
 ]
 BY_NAME = {p.name: p for p in PATTERNS}
 
-RENAMES = ("sed-i", "perl-pi", "os-replace", "mv", "rsync", "patch")  # write a temp, rename
 RECREATES = ("git-checkout", "git-stash", "git-switch", "rm-create")  # unlink, create, write
 GITS = ("git-checkout", "git-stash", "git-switch")
 
@@ -411,13 +410,6 @@ XFAIL: dict[tuple[str, str], str] = {
     " (known gap): the new bytes are not in f.py's history, g.py has none",
     ("gates", "vim-rename"): "the new f.py is a new file, which gates never judge: the"
     " broken bytes are written, vim exits 0",
-    **{
-        (f, p): "the other process replaced f.py's inode (rename, or unlink and create):"
-        " what a process read is tracked per inode, so the write over that change is not"
-        " seen as stale"
-        for f in ("stale-warn", "stale-conflict")
-        for p in (*RENAMES, "vim-rename", *RECREATES)
-    },
     **{
         (f, "hardlink"): "the other change and the write over it both go to a hard-linked"
         " file, in place and unjournaled (known gap): no stale check"

@@ -5,9 +5,12 @@ process that reads, waits for a line on stdin, then writes back what it read plu
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from conftest import Mount, check_clean, prepare_state
@@ -28,9 +31,9 @@ except OSError as exc:
 """
 
 
-def _lost_update(path: Path, edit: str, meanwhile: str | None) -> str:
-    """The child reads ``path``; this process appends ``meanwhile`` (if any); the child
-    writes back its read plus ``edit``. Returns the child's outcome line."""
+def _lost_update(path: Path, edit: str, meanwhile: str | Callable[[], object] | None) -> str:
+    """The child reads ``path``; this process appends ``meanwhile`` (if any; or calls it);
+    the child writes back its read plus ``edit``. Returns the child's outcome line."""
     child = subprocess.Popen(
         [sys.executable, "-c", _READ_THEN_WRITE, str(path), edit],
         stdin=subprocess.PIPE,
@@ -39,7 +42,9 @@ def _lost_update(path: Path, edit: str, meanwhile: str | None) -> str:
     )
     assert child.stdout is not None and child.stdin is not None
     assert child.stdout.readline().strip() == "read"
-    if meanwhile is not None:
+    if callable(meanwhile):
+        meanwhile()
+    elif meanwhile is not None:
         with open(path, "a") as f:
             f.write(meanwhile)
     child.stdin.write("\n")
@@ -150,3 +155,128 @@ def test_stale_write_policy_is_validated(mount: Mount) -> None:
         assert exc.errno == 22
     assert pol.read_text() == before
     assert "stale_write" in json.loads((mount.path / ".rw" / "last-error").read_text())["message"]
+
+
+def _sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _replace(path: Path, data: str) -> Callable[[], None]:
+    """Another process's save that replaces the file's inode: a temporary renamed over it."""
+
+    def run() -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(data)
+        os.replace(tmp, path)
+
+    return run
+
+
+def _recreate(path: Path, data: str) -> Callable[[], None]:
+    """Another process's save that removes the file and makes it again (git checkout)."""
+
+    def run() -> None:
+        path.unlink()
+        path.write_text(data)
+
+    return run
+
+
+def test_a_lost_update_over_a_replaced_file_is_warned(workspace: Path) -> None:
+    # Made before the mount: no version of it was ever committed through the mount, so
+    # what the child read is known only from the replaced inode's bytes.
+    (workspace / "a.txt").write_text("v0\n")
+    (workspace / "b.txt").write_text("v0\n")
+    m = Mount(workspace).start()
+    try:
+        a, b = m.path / "a.txt", m.path / "b.txt"
+        assert _lost_update(a, "child\n", meanwhile=_replace(a, "v0\nother\n")) == "ok"
+        assert _lost_update(b, "child\n", meanwhile=_recreate(b, "v0\nother\n")) == "ok"
+        assert a.read_text() == b.read_text() == "v0\nchild\n"
+        writes = [
+            ev
+            for ev in _events(m)
+            if ev["op"] == "write" and ev.get("intended") == _sha(b"v0\nchild\n")
+        ]
+        assert [ev["path"] for ev in writes] == ["a.txt", "b.txt"]
+        for ev in writes:
+            stale = [w for w in ev.get("warnings", []) if w["gate"] == "stale_write"]
+            assert [w["read"] for w in stale] == [_sha(b"v0\n")], ev
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_a_replaced_file_moved_away_is_the_conflict_base(workspace: Path) -> None:
+    # The file the child read is renamed away (kept, not removed: never an object), and a
+    # new one is made in its place: the conflict's base is still what the child read.
+    (workspace / "notes.txt").write_text("base\n")
+    m = _with_policy(workspace, "conflict")
+    try:
+        f = m.path / "notes.txt"
+
+        def move_away() -> None:
+            os.rename(f, m.path / "notes.bak")
+            f.write_text("base\nother\n")
+
+        assert _lost_update(f, "child\n", meanwhile=move_away) == "errno 116"
+        assert f.read_text() == "base\nother\n"
+        (cid,) = [p.name for p in (m.path / ".rw" / "conflicts").iterdir()]
+        top = m.path / ".rw" / "conflicts" / cid
+        assert json.loads((top / "info").read_text())["reason"] == "stale_write"
+        got = [(top / n).read_text() for n in ("base", "intended", "actual")]
+        assert got == ["base\n", "base\nchild\n", "base\nother\n"]
+        (top / "ctl").write_text("keep-actual\n")
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+_SAVE_BY_RENAME_THEN_WRITE = """
+import os, sys
+path = sys.argv[1]
+data = open(path).read()
+with open(path + ".tmp", "w") as f:
+    f.write(data + "one\\n")
+os.replace(path + ".tmp", path)
+with open(path, "w") as f:
+    f.write(data + "one\\ntwo\\n")
+os.rename(path, path + ".old")
+with open(path, "w") as f:
+    f.write("three\\n")
+"""
+
+
+def test_no_false_stale_write_over_a_replacement(workspace: Path) -> None:
+    (workspace / "own.txt").write_text("v0\n")
+    (workspace / "same.txt").write_text("v0\n")
+    (workspace / "back.txt").write_text("v0\n")
+    (workspace / "gone.txt").write_text("v0\n")
+    m = _with_policy(workspace, "conflict")
+    try:
+        # A process that replaces the file itself (an editor's safe save, then a write in
+        # place, then a rename-away save) has seen every version it writes over.
+        own = m.path / "own.txt"
+        subprocess.run([sys.executable, "-c", _SAVE_BY_RENAME_THEN_WRITE, str(own)], check=True)
+        assert own.read_text() == "three\n"
+        assert (m.path / "own.txt.old").read_text() == "v0\none\ntwo\n"
+        # Replaced by another process with the very bytes the child read: nothing is lost.
+        same = m.path / "same.txt"
+        assert _lost_update(same, "child\n", meanwhile=_replace(same, "v0\n")) == "ok"
+        # Renamed away and back: the file the child read is the file it writes.
+        back = m.path / "back.txt"
+
+        def away_and_back() -> None:
+            os.rename(back, m.path / "back.bak")
+            os.rename(m.path / "back.bak", back)
+
+        assert _lost_update(back, "child\n", meanwhile=away_and_back) == "ok"
+        # Removed by another process, then made again by the child: nobody's bytes lost.
+        gone = m.path / "gone.txt"
+        assert _lost_update(gone, "child\n", meanwhile=gone.unlink) == "ok"
+        assert same.read_text() == back.read_text() == gone.read_text() == "v0\nchild\n"
+        assert list((m.path / ".rw" / "conflicts").iterdir()) == []
+        assert _stale_warnings(m) == []
+    finally:
+        m.stop()
+    check_clean(m)

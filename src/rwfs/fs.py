@@ -53,6 +53,12 @@ FALLOC_FL_ZERO_RANGE = 0x10
 NAME_MAX = 255
 PATH_MAX = 4095
 
+# Stale writes: the (process, file) pairs remembered before all are forgotten, and the
+# replaced files whose bytes are held open, so that a process that read one can be told
+# what it read (the oldest is let go first).
+READS_MAX = 100_000
+GONE_MAX = 256
+
 
 def _guard(quiet: bool = False) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
@@ -121,6 +127,31 @@ def _exists(root_fd: int, path: bytes) -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+@dataclass(eq=False, slots=True)
+class _Gone:
+    """A file its path stopped naming (renamed over or away, removed) while another
+    process had read it there: a descriptor of its bytes, hashed only if that process
+    then writes the path (a stale write's ``read``, and its conflict's base)."""
+
+    fd: int
+    digest: str | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _ReadAt:
+    """The file a process last opened to read at a path: its inode and version. Once the
+    path stops naming that file (``replaced``), the digest the process read if it is
+    known (``read``), else the replaced file's bytes (``gone``), and whether the file had
+    changed since the read anyway (``changed``)."""
+
+    ino: int
+    version: int
+    replaced: bool = False
+    read: str | None = None
+    gone: _Gone | None = None
+    changed: bool = False
 
 
 @dataclass(eq=False)
@@ -200,6 +231,11 @@ class Operations(pyfuse3.Operations):
         self._procs: dict[int, tuple[int, str]] = {}
         # (process, inode) -> the inode's version when that process last opened it to read.
         self._reads: dict[tuple[int, int], int] = {}
+        # path -> process -> what it read there: a save that replaces the file's inode (a
+        # rename over it, or unlink and create) leaves the path naming another inode.
+        self._read_at: dict[bytes, dict[int, _ReadAt]] = {}
+        self._read_at_n = 0
+        self._gone_fds: list[_Gone] = []  # holding a descriptor, oldest first (GONE_MAX)
         # Paths whose bytes are an open batch's draft rather than the tree's file: new
         # files created in the batch, or a new file renamed over one (Inode.virtual).
         self._virtual: dict[bytes, Inode] = {}
@@ -688,18 +724,22 @@ class Operations(pyfuse3.Operations):
                 info["warnings"] = [
                     {"gate": f.gate, "message": f.message, **f.details} for f in findings
                 ]
-            stale = self._stale_read(inode, ctx_info)
+            stale, read_fd = self._stale_read(inode, ctx_info), -1
+            if stale is None:
+                stale, read_fd = await self._replaced_read(inode, path, ctx_info, shown)
             if stale is not None:
                 if self.ws.policy.stale_write == "conflict":
-                    err = await self.ws.stale_conflict(
-                        path,
-                        stage,
-                        intended,
-                        stale or None,
-                        ctx_info,
-                        actual=(shown, base_fd),
-                        batch=held.batch if held is not None else None,
-                    )
+                    with borrowed(read_fd) as (rfd,):  # eviction may close the original
+                        err = await self.ws.stale_conflict(
+                            path,
+                            stage,
+                            intended,
+                            stale or None,
+                            ctx_info,
+                            actual=(shown, base_fd),
+                            batch=held.batch if held is not None else None,
+                            read_fd=rfd,
+                        )
                     await self._unstage(inode, held, stage)
                     if wait:
                         self._invalidate(inode)
@@ -781,14 +821,117 @@ class Operations(pyfuse3.Operations):
             return None
         return inode.digests.get(seen) or ""  # "": a version too old to be remembered
 
+    async def _replaced_read(
+        self, inode: Inode, path: bytes, who: dict[str, Any], shown: str | None
+    ) -> tuple[str | None, int]:
+        """A lost update over a replaced file (SPEC §6.4): this process read ``path``,
+        then another process replaced the file there (``_path_leaves``), and what it read
+        is not what the path holds now. Returns (the digest it read, "" if it is no longer
+        known, or None: not stale; a descriptor of those bytes or -1)."""
+        if self.ws.policy.stale_write == "off":
+            return None, -1
+        rec = self._read_at.get(path, {}).get(who.get("pid", 0))
+        if rec is None or not rec.replaced or rec.ino == inode.ino:
+            return None, -1  # (the file it read may be back at its path)
+        read, gone = rec.read, rec.gone
+        if read is None and gone is not None:
+            if gone.digest is None and gone.fd >= 0:
+                try:
+                    gone.digest = await self.ws.digest(gone.fd)  # off the loop
+                except OSError:
+                    pass
+            read = gone.digest
+        if read is not None and read == shown:
+            return None, -1  # replaced by the very bytes it read: nothing is lost
+        if read is None and not rec.changed:
+            return None, -1  # its bytes were let go (GONE_MAX): never a false stale write
+        return read or "", gone.fd if gone is not None and read is not None else -1
+
+    def _note_read(self, pid: int, inode: Inode) -> None:
+        at = self._read_at.setdefault(inode.path, {})
+        if pid not in at:
+            self._read_at_n += 1
+        at[pid] = _ReadAt(inode.ino, inode.version)
+
+    def _forget_reads(self) -> None:
+        """The memory of reads is bounded: past READS_MAX pairs, all are forgotten."""
+        self._reads.clear()
+        self._read_at.clear()
+        self._read_at_n = 0
+        for gone in self._gone_fds:
+            os.close(gone.fd)
+            gone.fd = -1
+        self._gone_fds.clear()
+
+    def _path_made(self, path: bytes, ino: int, ctx: Any) -> None:
+        """A process made the file at ``path``: where it had read a file another process
+        removed since, writing its new file loses nothing of anyone's."""
+        at = self._read_at.get(path)
+        inode = self.inodes.get(ino)
+        pid = self._who(ctx)["pid"] if at else None
+        if at and pid in at and inode is not None:
+            at[pid] = _ReadAt(inode.ino, inode.version)
+
+    def _path_leaves(self, path: bytes, ctx: Any, now: Inode | None = None) -> None:
+        """``path`` is about to stop naming its file (renamed over or away, removed; an
+        exchange): a process that read the file there and then writes the path would
+        write over a file it never read. Called before the syscall, while the path still
+        names the file: if the syscall fails, the path names the inode each reader read
+        and ``_replaced_read`` finds nothing stale. The changing process's own change is
+        no stale write: its record follows the file it put there (``now``), if any."""
+        at = self._read_at.get(path)
+        if not at:
+            return
+        actor = self._who(ctx)["pid"]
+        mine = at.pop(actor, None)
+        if mine is not None:
+            if now is not None and not now.is_dir:
+                at[actor] = _ReadAt(now.ino, now.version)
+            else:
+                self._read_at_n -= 1
+        inode = self.inodes.by_path.get(path)
+        if inode is None:
+            return
+        gone: _Gone | None = None
+        for pid, rec in at.items():
+            # Replaced once already (it keeps what it read then), or read as an inode
+            # the kernel has forgotten since: not known to be this file.
+            if pid == actor or rec.replaced or rec.ino != inode.ino:
+                continue
+            rec.replaced = True
+            rec.changed = rec.version != inode.version
+            rec.read = inode.digests.get(rec.version)
+            if rec.read is None and not rec.changed:
+                # Never committed through the mount: its bytes tell what was read.
+                gone = gone or self._keep_gone(path)
+                rec.gone = gone
+
+    def _keep_gone(self, path: bytes) -> _Gone | None:
+        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            gone = _Gone(os.open(path, how, dir_fd=self.ws.root_fd))
+        except OSError:
+            return None
+        self._gone_fds.append(gone)
+        if len(self._gone_fds) > GONE_MAX:
+            old = self._gone_fds.pop(0)
+            os.close(old.fd)
+            old.fd = -1
+        return gone
+
     def _new_version(self, inode: Inode, old: str | None, new: str, who: dict[str, Any]) -> None:
         inode.digests[inode.version] = old
         inode.version += 1
         inode.digests[inode.version] = new
         inode.digests.pop(inode.version - 16, None)
-        key = (who.get("pid", 0), inode.ino)
+        pid = who.get("pid", 0)
+        key = (pid, inode.ino)
         if key in self._reads:  # a writer has seen its own bytes
             self._reads[key] = inode.version
+        for path in inode.paths:
+            at = self._read_at.get(path)
+            if at is not None and pid in at:
+                at[pid] = _ReadAt(inode.ino, inode.version)
 
     # ---- lookup and attributes ----
 
@@ -1004,6 +1147,7 @@ class Operations(pyfuse3.Operations):
                 os.rmdir(path, dir_fd=self.ws.root_fd)
         else:
             st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            self._path_leaves(path, ctx)
             incoming = None
             # One name of a hard-linked file: the other names keep its bytes (written in
             # place, unjournaled), so the unlink is journaled but nothing is adopted —
@@ -1281,6 +1425,11 @@ class Operations(pyfuse3.Operations):
                 await self._gate_rename(src, dst, ctx)
             if not self._queued(src) and not self._queued(dst):
                 break
+        if journaled:
+            moved = None if exchange else self.inodes.by_path.get(src)
+            self._path_leaves(src, ctx)
+            if dst_st is not None:
+                self._path_leaves(dst, ctx, moved)
         incoming = None
         if (
             journaled
@@ -1391,9 +1540,10 @@ class Operations(pyfuse3.Operations):
             raise
         who = self._who(ctx)
         if journaled and flags & os.O_ACCMODE != os.O_WRONLY and not i.is_dir:
-            if len(self._reads) > 100_000:
-                self._reads.clear()
+            if len(self._reads) > READS_MAX or self._read_at_n > READS_MAX:
+                self._forget_reads()
             self._reads[(who["pid"], i.ino)] = i.version
+            self._note_read(who["pid"], i)
             if not writable and parsers.language(i.path) is not None:
                 self._to_prime = i.ino
                 self._read_one.set()
@@ -1436,17 +1586,21 @@ class Operations(pyfuse3.Operations):
             fi = await self.open(attr.st_ino, flags & ~(os.O_EXCL | os.O_TRUNC), ctx)
             return fi, attr
         how = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        created = False
         try:
             made = mode & ~ctx.umask & 0o7777
             with self._journal(
                 self._journaled(path), ctx, "create", path, intended=EMPTY_DIGEST, mode=made
             ):
                 os.close(os.open(path, how, made, dir_fd=self.ws.root_fd))
+            created = True
         except FileExistsError:
             if flags & os.O_EXCL:
                 raise
             # Created by someone else since the kernel's lookup: open it, as open(2) would.
         attr = self._new_entry(path, ctx)
+        if created:
+            self._path_made(path, attr.st_ino, ctx)
         fi = await self.open(attr.st_ino, flags & ~os.O_EXCL, ctx)
         return fi, attr
 

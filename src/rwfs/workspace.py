@@ -565,14 +565,15 @@ class Workspace:
         info: dict[str, Any],
         actual: tuple[str | None, int],
         batch: str | None = None,
+        read_fd: int = -1,
     ) -> RwfsError:
         """Refuse a lost update (policy ``stale_write = "conflict"``): the writer's bytes are
         kept, a conflict is opened with what it read as the base, and ESTALE says so.
 
         ``actual`` is what the mount shows of the file, (digest, descriptor): in an open
         ``batch``, the batch's draft, kept as an object too, since the tree does not hold
-        it. The bytes the writer read are kept from the tree if they are not kept yet (a
-        batch's base)."""
+        it. The bytes the writer read are kept from ``read_fd`` (a file replaced since it
+        read it) or else from the tree, if they are not kept yet (a batch's base)."""
         name = fsdecode(path)
         shown = actual[0]
 
@@ -609,6 +610,8 @@ class Workspace:
             self.objects.keep_fd_copy(stage_fd, intended)
             if batch is not None and shown is not None and shown_fd >= 0:
                 self.objects.keep_fd_copy(shown_fd, shown)
+            if read is not None and read_fd >= 0:
+                self.objects.keep_fd_copy(read_fd, read)
             if read is not None and not self.objects.exists(read):
                 how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
                 try:
