@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 from conftest import RWFS, Mount, check_clean, prepare_state
+from test_stale import _lost_update
 
 from rwfs.policy import DEFAULT_TEXT
 
@@ -154,40 +154,10 @@ def test_a_new_file_never_takes_the_inode_of_an_earlier_draft(tmp_path: Path) ->
 # ---- 2. a stale write inside a batch ----
 
 
-_READ_THEN_WRITE = """
-import sys
-data = open(sys.argv[1], "rb").read()
-print("read", flush=True)
-sys.stdin.readline()
-try:
-    with open(sys.argv[1], "wb") as f:
-        f.write(data + sys.argv[2].encode())
-    print("ok", flush=True)
-except OSError as exc:
-    print(f"errno {exc.errno}", flush=True)
-"""
-
-
 def lost_update(path: Path, edit: str, meanwhile: bytes) -> str:
     """A child process reads ``path``; this process writes ``meanwhile`` over it; the child
     then writes back what it read plus ``edit``. Returns the child's outcome line."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", _READ_THEN_WRITE, str(path), edit],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert child.stdout is not None and child.stdin is not None
-    try:
-        assert child.stdout.readline().strip() == "read"
-        path.write_bytes(meanwhile)
-        child.stdin.write("\n")
-        child.stdin.flush()
-        out = child.stdout.read().strip()
-    finally:
-        child.stdin.close()
-        assert child.wait(timeout=60) == 0
-    return out
+    return _lost_update(path, edit, lambda: path.write_bytes(meanwhile))
 
 
 STALE_CONFLICT = DEFAULT_TEXT.replace('stale_write = "warn"', 'stale_write = "conflict"')
