@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -357,3 +359,19 @@ def test_saves_by_rename_keep_the_target_in_snapshots_restore_and_history(
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_a_snapshot_shows_a_fifo_and_a_device_as_empty_without_blocking(mount: Mount) -> None:
+    """Reading a FIFO in a snapshot's tree/ must not wait for a writer (it held a worker
+    thread), and a device node is never opened."""
+    os.mkfifo(mount.path / "pipe")
+    os.mknod(mount.path / "null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    (mount.path / "f.txt").write_text("f\n")
+    (mount.path / ".rw" / "snapshots" / "s").mkdir()
+    tree = mount.path / ".rw" / "snapshots" / "s" / "tree"
+    res = subprocess.run(
+        ["cat", str(tree / "pipe"), str(tree / "null"), str(tree / "f.txt")],
+        capture_output=True,
+        timeout=20,
+    )
+    assert (res.returncode, res.stdout) == (0, b"f\n")

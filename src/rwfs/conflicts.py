@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import subprocess
 import tempfile
 from typing import Any
@@ -33,12 +34,19 @@ def object_bytes(ws: Workspace, digest: str | None) -> bytes:
 
 
 def live_bytes(ws: Workspace, path: str) -> bytes:
+    """A regular file's bytes as they are now; empty for anything else. Opened without
+    blocking: a FIFO (in a snapshot's tree/, say) must not hold a worker thread until a
+    writer comes, and a device node is never read."""
+    how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
     try:
-        fd = os.open(os.fsencode(path), os.O_RDONLY | os.O_NOFOLLOW, dir_fd=ws.root_fd)
+        if not stat.S_ISREG(os.stat(path, dir_fd=ws.root_fd, follow_symlinks=False).st_mode):
+            return b""
+        fd = os.open(os.fsencode(path), how, dir_fd=ws.root_fd)
     except OSError:
         return b""
     try:
-        return os.pread(fd, os.fstat(fd).st_size, 0)
+        st = os.fstat(fd)
+        return os.pread(fd, st.st_size, 0) if stat.S_ISREG(st.st_mode) else b""
     finally:
         os.close(fd)
 
