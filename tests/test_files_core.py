@@ -277,3 +277,40 @@ def test_a_stage_unlinked_before_its_commit_point_is_dropped_not_committed(
     assert not (tree / "e.txt").exists()
     assert ops(core, "e.txt") == []
     assert os.listdir(tree / ".rw" / "staging") == []
+
+
+def test_a_batchs_new_file_is_virtual_until_the_batch_commits(tree: Path, run: Run) -> None:
+    seen: dict[str, Any] = {}
+
+    async def body(core: Core) -> None:
+        batch = await core.batches.open(b"new", WHO)
+
+        async def create(name: bytes, data: bytes) -> Inode:
+            # What fs.create does for a writer an open batch takes: only a stage.
+            i = core.inodes.add_virtual(name)
+            i.stage = await core.ws.empty_stage(0o644, os.getuid(), os.getgid())
+            core.files.virtual[name] = i
+            i.handles += 1
+            os.pwrite(i.stage.fd, data, 0)
+            i.stage.wrote(0, len(data))
+            await core.close(i)
+            return i
+
+        kept = await create(b"kept.txt", b"kept\n")
+        dropped = await create(b"dropped.txt", b"dropped\n")
+        seen["held"] = sorted(batch.held)
+        seen["in_tree"] = sorted(os.listdir(tree))
+        await core.files.drop_virtual(dropped)  # unlink of the batch's new file
+        seen["after_drop"] = sorted(batch.held)
+        seen["virtual"] = sorted(core.files.virtual)
+        await core.batches.commit(batch)
+        seen["kept"] = (kept.virtual, kept.pending, b"kept.txt" in core.files.virtual)
+
+    run(tree, body)
+    assert seen["held"] == [b"dropped.txt", b"kept.txt"]
+    assert seen["in_tree"] == [".rw"]  # held: nothing in the tree before the batch commits
+    assert seen["after_drop"] == [b"kept.txt"]  # the batch forgot the dropped file
+    assert seen["virtual"] == [b"kept.txt"]
+    assert seen["kept"] == (False, None, False)  # committed: the tree's file now
+    assert sorted(os.listdir(tree)) == [".rw", "kept.txt"]
+    assert (tree / "kept.txt").read_bytes() == b"kept\n"

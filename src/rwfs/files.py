@@ -64,9 +64,11 @@ Concurrency (trio: tasks interleave only at ``await``):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -307,6 +309,54 @@ class Files:
         if inode.handles == 0 and inode.stage is not None:
             self.ws.drop_stage(inode.stage)
             inode.stage = None
+
+    @contextlib.contextmanager
+    def letting_go(self, inode: Inode, held: Commit) -> Iterator[None]:
+        """Around a change that ends the batch's draft of a file (its deletion, or the
+        batch forgetting the file): descriptors still open on the file read and write the
+        draft's bytes until their last close, as POSIX keeps a removed file, so the batch
+        lets go of the stage rather than dropping it; the last release drops it
+        (``orphan_stage``). Undone if the change fails."""
+        stage = held.stage
+        if inode.stage is not stage:
+            yield  # the inode has a stage of its own (or none)
+            return
+        if inode.handles > 0:
+            stage.sealed = False
+            held.stage = Stage(-1, b"", stage.expected)
+        else:
+            inode.stage = None
+        try:
+            yield
+        except BaseException:
+            held.stage, inode.stage, stage.sealed = stage, stage, True
+            raise
+
+    async def drop_virtual(self, inode: Inode) -> None:
+        """Unlink of a file the open batch created: the batch forgets it, or, if it stood
+        in for a file of the tree (removed and made again, or a temporary file renamed
+        over it), deletes that file; descriptors still open keep reading and writing its
+        stage until their last close."""
+        held = inode.pending
+        async with inode.lock:
+            path = inode.path
+            for p in list(inode.paths):
+                self.virtual.pop(p, None)
+                self.inodes.detach(p)
+            inode.virtual = False
+            self.inodes.orphan(inode)
+            if held is not None and held.held:
+                batch = self.batches.all[str(held.batch)]
+                with self.letting_go(inode, held):
+                    if held.stage.expected is None:
+                        await self.batches.unhold(batch, held.path)
+                    else:
+                        await self.batches.hide(batch, held.path, held.stage.expected)
+                        self.hidden.add(held.path)
+            elif (deleting := self.batches.holding(path)) is not None:
+                if deleting.held[path].intended is None:  # made where the batch deletes one
+                    self.hidden.add(path)
+            self.orphan_stage(inode)
 
     async def commit(self, inode: Inode, ctx_info: dict[str, Any], wait: bool = False) -> None:
         """A commit point (SPEC §3.2 step 2): seal the stage and hand it to the committer."""

@@ -669,7 +669,7 @@ class Operations(pyfuse3.Operations):
         if virtual is not None:
             if is_dir:
                 raise pyfuse3.FUSEError(errno.ENOTDIR)
-            await self._drop_virtual(virtual)
+            await self.files.drop_virtual(virtual)
             return
         inode = self.inodes.by_path.get(path)
         if not is_dir and await self._hide(path, inode, ctx):
@@ -725,7 +725,7 @@ class Operations(pyfuse3.Operations):
             return False
         if held is not None and held.held:
             assert inode is not None
-            with self._letting_go(inode, held):
+            with self.files.letting_go(inode, held):
                 await self.batches.hide(batch, path, held.stage.expected)
         else:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
@@ -739,54 +739,6 @@ class Operations(pyfuse3.Operations):
         if gone is not None:
             self.inodes.orphan(gone)
         return True
-
-    @contextlib.contextmanager
-    def _letting_go(self, inode: Inode, held: Commit) -> Iterator[None]:
-        """Around a change that ends the batch's draft of a file (its deletion, or the
-        batch forgetting the file): descriptors still open on the file read and write the
-        draft's bytes until their last close, as POSIX keeps a removed file, so the batch
-        lets go of the stage rather than dropping it; the last release drops it
-        (``_orphan_stage``). Undone if the change fails."""
-        stage = held.stage
-        if inode.stage is not stage:
-            yield  # the inode has a stage of its own (or none)
-            return
-        if inode.handles > 0:
-            stage.sealed = False
-            held.stage = Stage(-1, b"", stage.expected)
-        else:
-            inode.stage = None
-        try:
-            yield
-        except BaseException:
-            held.stage, inode.stage, stage.sealed = stage, stage, True
-            raise
-
-    async def _drop_virtual(self, inode: Inode) -> None:
-        """Unlink of a file the open batch created: the batch forgets it, or, if it stood
-        in for a file of the tree (removed and made again, or a temporary file renamed
-        over it), deletes that file; descriptors still open keep reading and writing its
-        stage until their last close."""
-        held = inode.pending
-        async with inode.lock:
-            path = inode.path
-            for p in list(inode.paths):
-                self.files.virtual.pop(p, None)
-                self.inodes.detach(p)
-            inode.virtual = False
-            self.inodes.orphan(inode)
-            if held is not None and held.held:
-                batch = self.batches.all[str(held.batch)]
-                with self._letting_go(inode, held):
-                    if held.stage.expected is None:
-                        await self.batches.unhold(batch, held.path)
-                    else:
-                        await self.batches.hide(batch, held.path, held.stage.expected)
-                        self.files.hidden.add(held.path)
-            elif (deleting := self.batches.holding(path)) is not None:
-                if deleting.held[path].intended is None:  # made where the batch deletes one
-                    self.files.hidden.add(path)
-            self.files.orphan_stage(inode)
 
     def _batch_rename(self, src: bytes, dst: bytes, ctx: Any) -> bool:
         if src in self.files.hidden or dst in self.files.hidden:
@@ -854,7 +806,7 @@ class Operations(pyfuse3.Operations):
         batch = self.batches.all[str(held.batch)]
         src_base = held.stage.expected  # not None: src was a file of the tree, deleted
         if old is not None and old_held is not None:
-            with self._letting_go(old, old_held):  # its open descriptors keep its draft
+            with self.files.letting_go(old, old_held):  # its open descriptors keep its draft
                 await self.batches.retarget(batch, held, dst, base)
         else:
             await self.batches.retarget(batch, held, dst, base)
