@@ -314,3 +314,37 @@ def test_a_batchs_new_file_is_virtual_until_the_batch_commits(tree: Path, run: R
     assert seen["kept"] == (False, None, False)  # committed: the tree's file now
     assert sorted(os.listdir(tree)) == [".rw", "kept.txt"]
     assert (tree / "kept.txt").read_bytes() == b"kept\n"
+
+
+def test_an_unlink_a_batch_takes_hides_the_file_until_the_batch_commits(
+    tree: Path, run: Run
+) -> None:
+    (tree / "gone.txt").write_bytes(b"bytes\n")
+    (tree / "other.txt").write_bytes(b"other\n")
+    seen: dict[str, Any] = {}
+
+    async def body(core: Core) -> None:
+        outside = await core.files.hide(b"other.txt", core.inode("other.txt"), WHO)
+        seen["outside"] = (outside, sorted(core.files.hidden))
+        batch = await core.batches.open(b"rm", WHO)
+        i = core.inode("gone.txt")
+        seen["hidden"] = await core.files.hide(b"gone.txt", i, WHO)
+        seen["view"] = (sorted(core.files.hidden), b"gone.txt" in core.inodes.by_path)
+        seen["entry"] = batch.held[b"gone.txt"].intended
+        seen["in_tree"] = (tree / "gone.txt").exists()
+        # Any rename a batch would have to take is EXDEV (mv copies instead).
+        seen["rename"] = core.files.batch_rename(b"other.txt", b"moved.txt", WHO)
+        await core.batches.commit(batch)
+        seen["after"] = sorted(core.files.hidden)
+
+    core = run(tree, body)
+    assert seen["outside"] == (False, [])  # no open batch: an ordinary unlink
+    assert seen["hidden"] is True
+    assert seen["view"] == ([b"gone.txt"], False)  # gone from the view
+    assert seen["entry"] is None  # the batch holds a deletion
+    assert seen["in_tree"] is True  # the real file stays until the batch commits
+    assert seen["rename"] is True
+    assert seen["after"] == []
+    assert not (tree / "gone.txt").exists()
+    assert ("drop_entry", b"gone.txt") in core.kernel.calls  # the kernel looks it up again
+    assert (tree / "other.txt").read_bytes() == b"other\n"

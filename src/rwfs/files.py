@@ -38,6 +38,12 @@ States of a path:
 - **hidden** (``hidden``): a file an open batch deletes: gone from the view, in the tree
   until the batch commits (``committed`` of a deletion, ``intended is None``).
 
+The batch's side of the namespace is decided here too: an unlink a batch takes
+(``hide``), of its new file (``drop_virtual``), a rename of its new file
+(``rename_virtual``, gated like ``gate_rename`` onto a file the mount shows), and EXDEV for
+any other rename a batch would have to take (``batch_rename``). A held draft that ends
+while descriptors are open on it is let go, not dropped (``letting_go``).
+
 Meanwhile a path may be renamed (``Inode.paths`` moves, a queued commit is settled first:
 ``settle_below``), unlinked (no path left: the seal's result is dropped, ``orphan_stage``;
 descriptors still open keep the stage until the last release), or linked (``fs.link``
@@ -56,8 +62,20 @@ Concurrency (trio: tasks interleave only at ``await``):
   lose its paths (checked after the seal: ``orphan_stage``), be renamed (gated again as
   what it is now), or its batch end (``held`` is read again); a handler of another inode
   or path runs meanwhile.
+- ``ensure_stage`` awaits the copy of the bytes and, for a queued commit, ``settle``
+  (a flush and the commit's ``done``) under ``inode.lock``: a commit point of the same
+  inode waits; handlers that take no lock (a read, ``getattr``, an unlink or rename of
+  the path) run meanwhile.
+- Other locks are taken only through the calls that need them: ``Batch.lock``
+  (``batches.py``) serialises a batch's ``hold``, ``unhold``, ``commit`` and ``abort``;
+  ``Workspace.commit_lock`` serialises the committer's groups, a batch's commit, and each
+  write that keeps an object (a refusal, a stale write's conflict).
 - ``committed`` is called by the committer on the loop, with no await, so ``pending``,
   ``stage`` and ``fd`` change together.
+- The read records and ``virtual``/``hidden`` are changed with no await between reading
+  and writing them; ``_replaced_read`` awaits a hash of a kept descriptor, which
+  ``_keep_gone`` may close meanwhile: the hash and the conflict each use a duplicate
+  (``borrowed``).
 - The kernel's caches are dropped off the loop (``Kernel``); ``invalidate_now`` is awaited
   only where no request of ours holds the kernel's lock on the inode (not under fsync).
 """
@@ -82,6 +100,16 @@ from .workspace import Commit, Stage, Workspace, borrowed, fsdecode, rel
 # what it read (the oldest is let go first).
 READS_MAX = 100_000
 GONE_MAX = 256
+
+
+def _refused(code: int) -> OSError:
+    # The FUSE layer answers an OSError with its errno (fs._guard).
+    return OSError(code, os.strerror(code))
+
+
+# rename(2) flags (linux/fs.h), as the kernel passes them to FUSE.
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
 
 
 class Kernel(Protocol):
@@ -357,6 +385,170 @@ class Files:
                 if deleting.held[path].intended is None:  # made where the batch deletes one
                     self.hidden.add(path)
             self.orphan_stage(inode)
+
+    def journaled(
+        self, path: bytes, st: os.stat_result | None = None, is_dir: bool = False
+    ) -> bool:
+        if self.ws.policy.is_passthrough(path, is_dir):
+            return False
+        if st is not None and stat.S_ISREG(st.st_mode):
+            # A hard-linked file is written in place: replacing it by rename would split
+            # the link (docs/architecture.md).
+            return st.st_size <= self.ws.policy.max_journaled_bytes and st.st_nlink == 1
+        return True
+
+    async def hide(self, path: bytes, inode: Inode | None, who: dict[str, Any]) -> bool:
+        """Unlink by a writer an open batch takes (or of a file it holds): the deletion
+        waits for the batch's commit, the file is gone from the view now. False if the
+        unlink is not the batch's."""
+        held = inode.pending if inode is not None and inode.pending is not None else None
+        batch = self.batches.all.get(str(held.batch)) if held and held.held else None
+        batch = batch or self.batches.for_writer(who)
+        if batch is None or path in self.hidden:
+            return False
+        if inode is not None and not (held and held.held):
+            await self.settle(inode)  # the batch's base is the file's committed bytes
+        st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        if not (stat.S_ISREG(st.st_mode) and self.journaled(path, st)):
+            return False
+        if held is not None and held.held:
+            assert inode is not None
+            with self.letting_go(inode, held):
+                await self.batches.hide(batch, path, held.stage.expected)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
+            try:
+                base = await self.ws.digest(fd)
+            finally:
+                os.close(fd)
+            await self.batches.hide(batch, path, base)
+        self.hidden.add(path)
+        gone = self.inodes.detach(path)
+        if gone is not None:
+            self.inodes.orphan(gone)
+        return True
+
+    def batch_rename(self, src: bytes, dst: bytes, who: dict[str, Any]) -> bool:
+        if src in self.hidden or dst in self.hidden:
+            return True
+        held = [self.inodes.by_path.get(p) for p in (src, dst)]
+        if any(i is not None and i.pending is not None and i.pending.held for i in held):
+            return True
+        if self.batches.for_writer(who) is None:
+            return False
+        try:
+            st = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and self.journaled(src, st)
+
+    async def rename_virtual(self, src: bytes, dst: bytes, flags: int, who: dict[str, Any]) -> None:
+        """Rename of a file an open batch created: within the batch, the draft now stands
+        for ``dst`` (a new file there, or new bytes for the file there: the write-a-temp-
+        then-rename pattern). Anything else involving such a file is EXDEV, which makes
+        mv and most tools copy instead."""
+        inode = self.virtual.get(src)
+        if inode is None or flags & RENAME_EXCHANGE:
+            raise _refused(errno.EXDEV)
+        target = self.virtual.get(dst)
+        real = None
+        if target is None:
+            try:
+                real = os.stat(dst, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+        shown = target is not None or (real is not None and dst not in self.hidden)
+        if shown and flags & RENAME_NOREPLACE:
+            raise _refused(errno.EEXIST)
+        if real is not None and not (stat.S_ISREG(real.st_mode) and self.journaled(dst, real)):
+            raise _refused(errno.EXDEV)
+        if inode.pending is None or not inode.pending.held:
+            await self.commit(inode, who)  # its bytes join the batch first
+        held = inode.pending
+        if held is None or not held.held or self.virtual.get(src) is not inode:
+            raise _refused(errno.EXDEV)
+        old = target or self.inodes.by_path.get(dst)
+        if old is not None and target is None:
+            await self.settle(old)  # the batch's base is the file's committed bytes
+        old_held = self.held(old) if old is not None else None
+        base = None
+        if old_held is not None:
+            base = old_held.stage.expected  # the batch's base of dst
+        elif real is not None:
+            fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
+            try:
+                base = await self.ws.digest(fd)
+            finally:
+                os.close(fd)
+        if shown:
+            # As outside a batch, a rename onto a file is a commit of it: the gates judge
+            # the draft against what the mount shows there.
+            await self._gate_virtual_rename(held, dst, old_held, base, who)
+            if self.virtual.get(src) is not inode or inode.pending is not held or not held.held:
+                raise _refused(errno.EXDEV)  # the batch ended meanwhile
+        batch = self.batches.all[str(held.batch)]
+        src_base = held.stage.expected  # not None: src was a file of the tree, deleted
+        if old is not None and old_held is not None:
+            with self.letting_go(old, old_held):  # its open descriptors keep its draft
+                await self.batches.retarget(batch, held, dst, base)
+        else:
+            await self.batches.retarget(batch, held, dst, base)
+        if old is not None:
+            self.virtual.pop(dst, None)
+            self.inodes.detach(dst)
+            self.inodes.orphan(old)
+        self.hidden.discard(dst)
+        del self.virtual[src]
+        self.inodes.move(src, dst)
+        self.virtual[dst] = inode
+        if src_base is not None:
+            # The file the batch made at src replaced one of the tree (removed, then
+            # created again): moving it away leaves that one deleted.
+            await self.batches.hide(batch, src, src_base)
+            self.hidden.add(src)
+
+    async def _gate_virtual_rename(
+        self,
+        held: Commit,
+        dst: bytes,
+        old_held: Commit | None,
+        base: str | None,
+        who: dict[str, Any],
+    ) -> None:
+        """``gate_rename`` for a batch's draft renamed onto a file the mount shows: its
+        own draft, or the tree's file."""
+        fd = -1
+        if old_held is None and dst not in self.virtual:  # (a new file of the batch: empty)
+            fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.ws.root_fd)
+        try:
+            old_fd = old_held.stage.fd if old_held is not None else fd
+            findings = await self.ws.run_gates(dst, old_fd, held.stage.fd)
+            if any(f.action == "reject" for f in findings):
+                shown = old_held.intended if old_held is not None else base
+                with borrowed(held.stage.fd) as (new_fd,):
+                    raise await self.ws.refuse(
+                        dst, new_fd, shown, str(held.intended), findings, who
+                    )
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    async def gate_rename(self, src: bytes, dst: bytes, who: dict[str, Any]) -> None:
+        """A rename onto a journaled file is a commit of it: the gates see the moved bytes,
+        and a refusal fails the rename() with both files as they were."""
+        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        new_fd = os.open(src, how, dir_fd=self.ws.root_fd)
+        try:
+            old_fd = os.open(dst, how, dir_fd=self.ws.root_fd)
+            try:
+                findings = await self.ws.run_gates(dst, old_fd, new_fd)
+                if any(f.action == "reject" for f in findings):
+                    expected, intended = await self.ws.digest(old_fd), await self.ws.digest(new_fd)
+                    raise await self.ws.refuse(dst, new_fd, expected, intended, findings, who)
+            finally:
+                os.close(old_fd)
+        finally:
+            os.close(new_fd)
 
     async def commit(self, inode: Inode, ctx_info: dict[str, Any], wait: bool = False) -> None:
         """A commit point (SPEC §3.2 step 2): seal the stage and hand it to the committer."""

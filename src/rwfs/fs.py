@@ -29,7 +29,6 @@ from .files import Files
 from .inodes import ROOT, Inode, InodeTable
 from .objects import EMPTY_DIGEST
 from .workspace import (
-    Commit,
     RwfsError,
     Stage,
     Workspace,
@@ -403,17 +402,6 @@ class Operations(pyfuse3.Operations):
     def _is_state_dir(self, path: bytes) -> bool:
         return path == b".rw"
 
-    def _journaled(
-        self, path: bytes, st: os.stat_result | None = None, is_dir: bool = False
-    ) -> bool:
-        if self.ws.policy.is_passthrough(path, is_dir):
-            return False
-        if st is not None and stat.S_ISREG(st.st_mode):
-            # A hard-linked file is written in place: replacing it by rename would split
-            # the link (docs/architecture.md).
-            return st.st_size <= self.ws.policy.max_journaled_bytes and st.st_nlink == 1
-        return True
-
     def _who(self, ctx: Any) -> dict[str, Any]:
         pid = ctx.pid
         hit = self._procs.get(pid)
@@ -521,7 +509,7 @@ class Operations(pyfuse3.Operations):
         i = self._inode(inode)
         path = i.path if i.paths else None  # None: removed, still open (or just removed)
         st = self._stat(i)
-        journaled = path is not None and self._journaled(path, st, i.is_dir)
+        journaled = path is not None and self.files.journaled(path, st, i.is_dir)
         if fields.update_size:
             # An unlinked file's inode may be linked as a kept object meanwhile (st_nlink
             # 2 for a moment while the committer moves it): never change it in place.
@@ -598,7 +586,9 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
-        with self._journal(self._journaled(path), ctx, "create", path, type=stat.filemode(mode)[0]):
+        with self._journal(
+            self.files.journaled(path), ctx, "create", path, type=stat.filemode(mode)[0]
+        ):
             os.mknod(path, mode & ~ctx.umask, rdev, dir_fd=self.ws.root_fd)
         return self._new_entry(path, ctx)
 
@@ -614,7 +604,7 @@ class Operations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EIO)
             return self._control_attr(child)
         path = self._parent_path(parent_inode, name)
-        journaled = self._journaled(path, None, True)
+        journaled = self.files.journaled(path, None, True)
         with self._journal(journaled, ctx, "mkdir", path):
             os.mkdir(path, mode & ~ctx.umask, dir_fd=self.ws.root_fd)
         batch = self.batches.for_writer(self._who(ctx)) if journaled else None
@@ -627,7 +617,9 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, target: bytes, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
-        with self._journal(self._journaled(path), ctx, "symlink", path, target=fsdecode(target)):
+        with self._journal(
+            self.files.journaled(path), ctx, "symlink", path, target=fsdecode(target)
+        ):
             os.symlink(target, path, dir_fd=self.ws.root_fd)
         return self._new_entry(path, ctx)
 
@@ -653,7 +645,9 @@ class Operations(pyfuse3.Operations):
                 break  # (a stage that stays is a batch's draft, or an unlinked file's)
         if self.files.held(src) is not None:  # the commit went to an open batch
             raise pyfuse3.FUSEError(errno.EXDEV)
-        with self._journal(self._journaled(path), ctx, "link", path, source=fsdecode(src.path)):
+        with self._journal(
+            self.files.journaled(path), ctx, "link", path, source=fsdecode(src.path)
+        ):
             os.link(
                 rel(src.path),
                 path,
@@ -672,7 +666,7 @@ class Operations(pyfuse3.Operations):
             await self.files.drop_virtual(virtual)
             return
         inode = self.inodes.by_path.get(path)
-        if not is_dir and await self._hide(path, inode, ctx):
+        if not is_dir and await self.files.hide(path, inode, self._who(ctx)):
             return
         if inode is not None:
             await self.files.settle(inode)
@@ -680,7 +674,7 @@ class Operations(pyfuse3.Operations):
         if is_dir:
             # Kept for the kernel, which may still hold the directory (a shell's cwd).
             st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            with self._journal(self._journaled(path, None, True), ctx, "rmdir", path):
+            with self._journal(self.files.journaled(path, None, True), ctx, "rmdir", path):
                 os.rmdir(path, dir_fd=self.ws.root_fd)
         else:
             st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
@@ -690,7 +684,7 @@ class Operations(pyfuse3.Operations):
             # place, unjournaled), so the unlink is journaled but nothing is adopted —
             # adopting would make a live, changing inode an object.
             linked = stat.S_ISREG(st.st_mode) and st.st_nlink > 1
-            journaled = self._journaled(path, None if linked else st)
+            journaled = self.files.journaled(path, None if linked else st)
             if journaled and stat.S_ISREG(st.st_mode) and not linked:
                 incoming = self.ws.objects.adopt(self.ws.root_fd, path)  # keep the bytes
             try:
@@ -708,147 +702,6 @@ class Operations(pyfuse3.Operations):
             self.inodes.orphan(gone)
             if is_dir:
                 gone.removed = st
-
-    async def _hide(self, path: bytes, inode: Inode | None, ctx: Any) -> bool:
-        """Unlink by a writer an open batch takes (or of a file it holds): the deletion
-        waits for the batch's commit, the file is gone from the view now. False if the
-        unlink is not the batch's."""
-        held = inode.pending if inode is not None and inode.pending is not None else None
-        batch = self.batches.all.get(str(held.batch)) if held and held.held else None
-        batch = batch or self.batches.for_writer(self._who(ctx))
-        if batch is None or path in self.files.hidden:
-            return False
-        if inode is not None and not (held and held.held):
-            await self.files.settle(inode)  # the batch's base is the file's committed bytes
-        st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
-        if not (stat.S_ISREG(st.st_mode) and self._journaled(path, st)):
-            return False
-        if held is not None and held.held:
-            assert inode is not None
-            with self.files.letting_go(inode, held):
-                await self.batches.hide(batch, path, held.stage.expected)
-        else:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
-            try:
-                base = await self.ws.digest(fd)
-            finally:
-                os.close(fd)
-            await self.batches.hide(batch, path, base)
-        self.files.hidden.add(path)
-        gone = self.inodes.detach(path)
-        if gone is not None:
-            self.inodes.orphan(gone)
-        return True
-
-    def _batch_rename(self, src: bytes, dst: bytes, ctx: Any) -> bool:
-        if src in self.files.hidden or dst in self.files.hidden:
-            return True
-        held = [self.inodes.by_path.get(p) for p in (src, dst)]
-        if any(i is not None and i.pending is not None and i.pending.held for i in held):
-            return True
-        if self.batches.for_writer(self._who(ctx)) is None:
-            return False
-        try:
-            st = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        return stat.S_ISREG(st.st_mode) and self._journaled(src, st)
-
-    async def _rename_virtual(self, src: bytes, dst: bytes, flags: int, ctx: Any) -> None:
-        """Rename of a file an open batch created: within the batch, the draft now stands
-        for ``dst`` (a new file there, or new bytes for the file there: the write-a-temp-
-        then-rename pattern). Anything else involving such a file is EXDEV, which makes
-        mv and most tools copy instead."""
-        inode = self.files.virtual.get(src)
-        if inode is None or flags & pyfuse3.RENAME_EXCHANGE:
-            raise pyfuse3.FUSEError(errno.EXDEV)
-        target = self.files.virtual.get(dst)
-        real = None
-        if target is None:
-            try:
-                real = os.stat(dst, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                pass
-        shown = target is not None or (real is not None and dst not in self.files.hidden)
-        if shown and flags & pyfuse3.RENAME_NOREPLACE:
-            raise pyfuse3.FUSEError(errno.EEXIST)
-        if real is not None and not (stat.S_ISREG(real.st_mode) and self._journaled(dst, real)):
-            raise pyfuse3.FUSEError(errno.EXDEV)
-        who = self._who(ctx)
-        if inode.pending is None or not inode.pending.held:
-            await self.files.commit(inode, who)  # its bytes join the batch first
-        held = inode.pending
-        if held is None or not held.held or self.files.virtual.get(src) is not inode:
-            raise pyfuse3.FUSEError(errno.EXDEV)
-        old = target or self.inodes.by_path.get(dst)
-        if old is not None and target is None:
-            await self.files.settle(old)  # the batch's base is the file's committed bytes
-        old_held = self.files.held(old) if old is not None else None
-        base = None
-        if old_held is not None:
-            base = old_held.stage.expected  # the batch's base of dst
-        elif real is not None:
-            fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
-            try:
-                base = await self.ws.digest(fd)
-            finally:
-                os.close(fd)
-        if shown:
-            # As outside a batch, a rename onto a file is a commit of it: the gates judge
-            # the draft against what the mount shows there.
-            await self._gate_virtual_rename(held, dst, old_held, base, who)
-            if (
-                self.files.virtual.get(src) is not inode
-                or inode.pending is not held
-                or not held.held
-            ):
-                raise pyfuse3.FUSEError(errno.EXDEV)  # the batch ended meanwhile
-        batch = self.batches.all[str(held.batch)]
-        src_base = held.stage.expected  # not None: src was a file of the tree, deleted
-        if old is not None and old_held is not None:
-            with self.files.letting_go(old, old_held):  # its open descriptors keep its draft
-                await self.batches.retarget(batch, held, dst, base)
-        else:
-            await self.batches.retarget(batch, held, dst, base)
-        if old is not None:
-            self.files.virtual.pop(dst, None)
-            self.inodes.detach(dst)
-            self.inodes.orphan(old)
-        self.files.hidden.discard(dst)
-        del self.files.virtual[src]
-        self.inodes.move(src, dst)
-        self.files.virtual[dst] = inode
-        if src_base is not None:
-            # The file the batch made at src replaced one of the tree (removed, then
-            # created again): moving it away leaves that one deleted.
-            await self.batches.hide(batch, src, src_base)
-            self.files.hidden.add(src)
-
-    async def _gate_virtual_rename(
-        self,
-        held: Commit,
-        dst: bytes,
-        old_held: Commit | None,
-        base: str | None,
-        who: dict[str, Any],
-    ) -> None:
-        """``_gate_rename`` for a batch's draft renamed onto a file the mount shows: its
-        own draft, or the tree's file."""
-        fd = -1
-        if old_held is None and dst not in self.files.virtual:  # (a new file of the batch: empty)
-            fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.ws.root_fd)
-        try:
-            old_fd = old_held.stage.fd if old_held is not None else fd
-            findings = await self.ws.run_gates(dst, old_fd, held.stage.fd)
-            if any(f.action == "reject" for f in findings):
-                shown = old_held.intended if old_held is not None else base
-                with borrowed(held.stage.fd) as (new_fd,):
-                    raise await self.ws.refuse(
-                        dst, new_fd, shown, str(held.intended), findings, who
-                    )
-        finally:
-            if fd >= 0:
-                os.close(fd)
 
     @_guard()
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -879,9 +732,9 @@ class Operations(pyfuse3.Operations):
         src = self._parent_path(old_parent, old_name)
         dst = self._parent_path(new_parent, new_name)
         if src in self.files.virtual or dst in self.files.virtual:
-            await self._rename_virtual(src, dst, flags, ctx)
+            await self.files.rename_virtual(src, dst, flags, self._who(ctx))
             return
-        if self._batch_rename(src, dst, ctx):
+        if self.files.batch_rename(src, dst, self._who(ctx)):
             # A rename in an open batch is a copy and a deletion (mv and most tools do
             # that on EXDEV), both held by the batch.
             raise pyfuse3.FUSEError(errno.EXDEV)
@@ -904,9 +757,9 @@ class Operations(pyfuse3.Operations):
             linked = stat.S_ISREG(sst.st_mode) and sst.st_nlink > 1
             dst_linked = dst_st is not None and stat.S_ISREG(dst_st.st_mode) and dst_st.st_nlink > 1
             is_dir = stat.S_ISDIR(sst.st_mode)
-            journaled = self._journaled(src, None if linked else sst, is_dir) or self._journaled(
-                dst, None if dst_linked else dst_st, is_dir
-            )
+            journaled = self.files.journaled(
+                src, None if linked else sst, is_dir
+            ) or self.files.journaled(dst, None if dst_linked else dst_st, is_dir)
             if (
                 journaled
                 and not flags
@@ -915,7 +768,7 @@ class Operations(pyfuse3.Operations):
                 and stat.S_ISREG(sst.st_mode)
                 and not (linked or dst_linked)
             ):
-                await self._gate_rename(src, dst, ctx)
+                await self.files.gate_rename(src, dst, self._who(ctx))
             if not self.files.queued(src) and not self.files.queued(dst):
                 break
         if journaled:
@@ -966,25 +819,6 @@ class Operations(pyfuse3.Operations):
                     self.inodes.orphan(gone)
             self.inodes.move(src, dst)
 
-    async def _gate_rename(self, src: bytes, dst: bytes, ctx: Any) -> None:
-        """A rename onto a journaled file is a commit of it: the gates see the moved bytes,
-        and a refusal fails the rename() with both files as they were."""
-        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-        new_fd = os.open(src, how, dir_fd=self.ws.root_fd)
-        try:
-            old_fd = os.open(dst, how, dir_fd=self.ws.root_fd)
-            try:
-                findings = await self.ws.run_gates(dst, old_fd, new_fd)
-                if any(f.action == "reject" for f in findings):
-                    expected, intended = await self.ws.digest(old_fd), await self.ws.digest(new_fd)
-                    raise await self.ws.refuse(
-                        dst, new_fd, expected, intended, findings, self._who(ctx)
-                    )
-            finally:
-                os.close(old_fd)
-        finally:
-            os.close(new_fd)
-
     # ---- files ----
 
     @_guard()
@@ -1012,7 +846,7 @@ class Operations(pyfuse3.Operations):
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         # Size and link count matter only to a writer: a reader (grep opens every file)
         # is spared a stat.
-        journaled = self._journaled(i.path, self._stat(i) if writable else None)
+        journaled = self.files.journaled(i.path, self._stat(i) if writable else None)
         if not i.virtual:
             self.files.open_backing(i, writable and not journaled)
         i.handles += 1
@@ -1056,7 +890,7 @@ class Operations(pyfuse3.Operations):
             return fi, self._control_attr(child)
         path = self._parent_path(parent_inode, name)
         batch = None
-        if self._journaled(path):
+        if self.files.journaled(path):
             # A file an open batch deletes is the batch's, whoever makes it again.
             held = self.batches.holding(path) if path in self.files.hidden else None
             batch = held or self.batches.for_writer(self._who(ctx))
@@ -1080,7 +914,12 @@ class Operations(pyfuse3.Operations):
         try:
             made = mode & ~ctx.umask & 0o7777
             with self._journal(
-                self._journaled(path), ctx, "create", path, intended=EMPTY_DIGEST, mode=made
+                self.files.journaled(path),
+                ctx,
+                "create",
+                path,
+                intended=EMPTY_DIGEST,
+                mode=made,
             ):
                 os.close(os.open(path, how, made, dir_fd=self.ws.root_fd))
             created = True
@@ -1148,7 +987,7 @@ class Operations(pyfuse3.Operations):
         st = os.fstat(i.fd)
         if not i.paths:  # its names here are gone; another (a hard link) may share it
             return st.st_nlink > 1
-        return not self._journaled(i.path, st)
+        return not self.files.journaled(i.path, st)
 
     async def _to_change(self, i: Inode) -> Stage | None:
         """The open stage a change to the file's bytes goes to; None: the file is changed
