@@ -25,10 +25,10 @@ import trio
 from . import faults, kernelflags, parsers
 from .batches import Batches
 from .control import CDir, CFile, Control
+from .files import Files
 from .inodes import ROOT, Inode, InodeTable
 from .objects import EMPTY_DIGEST
 from .workspace import (
-    Commit,
     RwfsError,
     Stage,
     Workspace,
@@ -52,12 +52,6 @@ FALLOC_FL_ZERO_RANGE = 0x10
 # Linux's longest name, and longest path a syscall takes (PATH_MAX less its NUL), in bytes.
 NAME_MAX = 255
 PATH_MAX = 4095
-
-# Stale writes: the (process, file) pairs remembered before all are forgotten, and the
-# replaced files whose bytes are held open, so that a process that read one can be told
-# what it read (the oldest is let go first).
-READS_MAX = 100_000
-GONE_MAX = 256
 
 
 def _guard(quiet: bool = False) -> Callable[[F], F]:
@@ -129,31 +123,6 @@ def _exists(root_fd: int, path: bytes) -> bool:
         return False
 
 
-@dataclass(eq=False, slots=True)
-class _Gone:
-    """A file its path stopped naming (renamed over or away, removed) while another
-    process had read it there: a descriptor of its bytes, hashed only if that process
-    then writes the path (a stale write's ``read``, and its conflict's base)."""
-
-    fd: int
-    digest: str | None = None
-
-
-@dataclass(eq=False, slots=True)
-class _ReadAt:
-    """The file a process last opened to read at a path: its inode and version. Once the
-    path stops naming that file (``replaced``), the digest the process read if it is
-    known (``read``), else the replaced file's bytes (``gone``), and whether the file had
-    changed since the read anyway (``changed``)."""
-
-    ino: int
-    version: int
-    replaced: bool = False
-    read: str | None = None
-    gone: _Gone | None = None
-    changed: bool = False
-
-
 @dataclass(eq=False)
 class Handle:
     inode: Inode
@@ -196,6 +165,64 @@ class Handles(dict[int, "Handle | ControlHandle | DirHandle"]):
         return super().pop(kernelflags.handle(fh), *default)
 
 
+class KernelCache:
+    """What the core asks of the kernel (``files.Kernel``): drop an inode's cached pages,
+    a name's entry, a directory's listing. Each drop runs in a worker thread: the kernel
+    may wait on a request of ours while it drops, so the event loop never blocks on it."""
+
+    def __init__(self, inodes: InodeTable) -> None:
+        self.inodes = inodes
+        self._dropping = 0  # kernel-cache invalidations in flight (_soon)
+        self._dropped = trio.Event()
+
+    def invalidate(self, inode: Inode) -> None:
+        """Drop the kernel's cache of an inode soon (when a request of ours may hold the
+        kernel's lock on it, e.g. an fsync we have not answered yet)."""
+        self._soon(_drop_kernel_cache, inode.ino)
+
+    def _soon(self, drop: Callable[..., None], *args: Any) -> None:
+        """Run a kernel-cache invalidation in a worker thread, without waiting for it."""
+        self._dropping += 1
+
+        async def run() -> None:
+            try:
+                await trio.to_thread.run_sync(drop, *args)
+            finally:
+                self._dropping -= 1
+                if not self._dropping:
+                    self._dropped.set()
+                    self._dropped = trio.Event()
+
+        trio.lowlevel.spawn_system_task(run)
+
+    async def settled(self) -> None:
+        """Wait until the invalidations started so far are done: a control verb that
+        changed files (restore, undo, resume, a conflict's verb) returns after them, so
+        that what its writer reads next is the new bytes."""
+        while self._dropping:
+            await self._dropped.wait()
+
+    async def invalidate_now(self, inode: Inode) -> None:
+        """Drop the kernel's cache of an inode before answering."""
+        await trio.to_thread.run_sync(_drop_kernel_cache, inode.ino)
+
+    def drop_entry(self, path: bytes) -> None:
+        """Make the kernel look ``path`` up again (its cached entry, or its absence, is
+        stale) and list its directory again."""
+        parent, _, name = path.rpartition(b"/")
+        inode = self.inodes.by_path.get(parent)
+        if inode is not None:
+            self._soon(_drop_kernel_entry, inode.ino, name)
+            self._soon(_drop_kernel_cache, inode.ino)  # its listing (CACHE_DIR)
+
+    def tree_changed(self, path: bytes) -> None:
+        """rwfs itself wrote ``path``, and may have made the directories above it: drop
+        what the kernel knows of each level."""
+        while path:
+            self.drop_entry(path)
+            path = path.rpartition(b"/")[0]
+
+
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
@@ -229,27 +256,18 @@ class Operations(pyfuse3.Operations):
         self._control_open: dict[int, list[ControlHandle]] = {}
         self._next_fh = 1
         self._procs: dict[int, tuple[int, str]] = {}
-        # (process, inode) -> the inode's version when that process last opened it to read.
-        self._reads: dict[tuple[int, int], int] = {}
-        # path -> process -> what it read there: a save that replaces the file's inode (a
-        # rename over it, or unlink and create) leaves the path naming another inode.
-        self._read_at: dict[bytes, dict[int, _ReadAt]] = {}
-        self._read_at_n = 0
-        self._gone_fds: list[_Gone] = []  # holding a descriptor, oldest first (GONE_MAX)
-        # Paths whose bytes are an open batch's draft rather than the tree's file: new
-        # files created in the batch, or a new file renamed over one (Inode.virtual).
-        self._virtual: dict[bytes, Inode] = {}
-        self._hidden: set[bytes] = set()  # paths an open batch deletes: gone from the view
-        self._dropping = 0  # kernel-cache invalidations in flight (_soon)
-        self._dropped = trio.Event()
         # The file last opened to read, parsed ahead of its edit once the mount is idle
         # (run_primer); and when the last request started.
         self._to_prime: int | None = None
         self._listings: dict[int, DirHandle] = {}  # by inode, when the kernel sends no OPENDIR
         self._read_one = trio.Event()
         self._last_request = time.perf_counter()
-        ws.on_committed = self._committed
-        ws.on_gone = self._gone
+        # The lifecycle of each file's bytes (stages, commit points, a batch's drafts, the
+        # reads a stale write is judged by) is the core's; this layer only translates.
+        self.kernel = KernelCache(self.inodes)
+        self.files = Files(ws, batches, self.inodes, self.kernel)
+        ws.on_committed = self.files.committed
+        ws.on_gone = self.files.gone
 
     async def run_primer(self) -> None:
         """Parse the file last opened to read once no request has come for a while: an
@@ -384,17 +402,6 @@ class Operations(pyfuse3.Operations):
     def _is_state_dir(self, path: bytes) -> bool:
         return path == b".rw"
 
-    def _journaled(
-        self, path: bytes, st: os.stat_result | None = None, is_dir: bool = False
-    ) -> bool:
-        if self.ws.policy.is_passthrough(path, is_dir):
-            return False
-        if st is not None and stat.S_ISREG(st.st_mode):
-            # A hard-linked file is written in place: replacing it by rename would split
-            # the link (docs/architecture.md).
-            return st.st_size <= self.ws.policy.max_journaled_bytes and st.st_nlink == 1
-        return True
-
     def _who(self, ctx: Any) -> dict[str, Any]:
         pid = ctx.pid
         hit = self._procs.get(pid)
@@ -443,495 +450,13 @@ class Operations(pyfuse3.Operations):
             raise
         self.ws.confirm(item, late.get("hash_fd"))
 
-    def _invalidate(self, inode: Inode) -> None:
-        """Drop the kernel's cache of an inode soon (when a request of ours may hold the
-        kernel's lock on it, e.g. an fsync we have not answered yet)."""
-        self._soon(_drop_kernel_cache, inode.ino)
-
-    def _soon(self, drop: Callable[..., None], *args: Any) -> None:
-        """Run a kernel-cache invalidation in a worker thread, without waiting for it."""
-        self._dropping += 1
-
-        async def run() -> None:
-            try:
-                await trio.to_thread.run_sync(drop, *args)
-            finally:
-                self._dropping -= 1
-                if not self._dropping:
-                    self._dropped.set()
-                    self._dropped = trio.Event()
-
-        trio.lowlevel.spawn_system_task(run)
-
-    async def _view_settled(self) -> None:
-        """Wait until the invalidations started so far are done: a control verb that
-        changed files (restore, undo, resume, a conflict's verb) returns after them, so
-        that what its writer reads next is the new bytes."""
-        while self._dropping:
-            await self._dropped.wait()
-
-    async def _invalidate_now(self, inode: Inode) -> None:
-        """Drop the kernel's cache of an inode before answering."""
-        await trio.to_thread.run_sync(_drop_kernel_cache, inode.ino)
-
-    async def _settle(self, inode: Inode) -> None:
-        """Wait until the inode's queued commit is in the tree (a draft an open batch
-        holds stays until the batch commits: there is nothing to wait for)."""
-        while inode.pending is not None and not inode.pending.held:
-            commit = inode.pending
-            await self.ws.sync()
-            await commit.done.wait()
-
-    def _queued(self, path: bytes) -> list[Commit]:
-        """The commits at ``path`` or below it that are queued or being applied."""
-        prefix = path + b"/"
-        return [c for c in self.ws.unsettled() if c.path == path or c.path.startswith(prefix)]
-
-    async def _settle_below(self, path: bytes) -> None:
-        """Settle the commits at ``path`` and, for a directory, below it: a queued commit
-        names its path, which a rename or removal would make stale."""
-        inode = self.inodes.by_path.get(path)
-        if inode is not None:
-            await self._settle(inode)  # its commit may not be queued yet
-        while busy := self._queued(path):
-            await self.ws.sync()
-            await busy[0].done.wait()
-
-    def _committed(self, c: Commit) -> None:
-        """Called by the committer (on the loop) once a queued commit is settled."""
-        inode: Inode | None = c.owner
-        if c.intended is None:  # a batch's deletion (or a restore's), committed or dropped
-            self._hidden.discard(c.path)
-            if c.outcome == "committed" and c.path not in self._virtual:
-                self._gone(c.path)
-            else:
-                self._drop_entry(c.path)
-            return
-        if inode is None:  # rwfs itself wrote the path (a resumed batch, a conflict's verb)
-            if c.outcome == "committed":
-                self._tree_changed(c.path)
-            inode = self.inodes.by_path.get(c.path)
-            if inode is not None and c.outcome == "committed":
-                self._new_version(inode, c.stage.expected, str(c.intended), {})
-                if inode.handles == 0 and inode.stage is None and inode.pending is None:
-                    st = os.stat(rel(c.path), dir_fd=self.ws.root_fd, follow_symlinks=False)
-                    self.inodes.rekey(inode, (st.st_dev, st.st_ino))
-                self._invalidate(inode)
-            return
-        if inode.pending is c:
-            inode.pending = None
-        if inode.virtual and inode.pending is None:
-            self._unvirtual(inode, c.outcome)
-        if inode.stage is c.stage:
-            inode.stage = None
-        elif inode.stage is not None and c.outcome in ("committed", "landed"):
-            # A stage opened on top of a batch's draft: its base is now the tree's bytes.
-            inode.stage.expected = c.intended
-        if c.outcome == "committed":
-            # The stage's descriptor now reaches the live file: keep it as the backing fd.
-            if inode.fd >= 0:
-                os.close(inode.fd)
-            inode.fd, inode.fd_writable = c.stage.fd, True
-            st = os.fstat(inode.fd)
-            self.inodes.rekey(inode, (st.st_dev, st.st_ino))
-        elif c.outcome in ("conflict", "error", "aborted", "noop", "landed", "replaced"):
-            self._invalidate(inode)
-        self._release_fd(inode)
-
-    def _unvirtual(self, inode: Inode, outcome: str) -> None:
-        """A batch-created file's draft is settled: committed, it is the tree's file now;
-        otherwise (aborted, back to its base bytes, or a file appeared there first) the
-        name shows the tree again."""
-        inode.virtual = False
-        for p in list(inode.paths):
-            if self._virtual.get(p) is inode:
-                del self._virtual[p]
-        if outcome == "committed":
-            return
-        # The kernel holds this inode for the name, and keeps it until an invalidation
-        # that runs later (and never for a descriptor open on it): while the tree has a
-        # file there, this inode stays that file, as an inode whose draft a batch drops
-        # does. Not for a draft a rename replaced: the rename detaches the name itself.
-        if outcome != "replaced" and self._adopt_tree_file(inode):
-            return
-        for p in list(inode.paths):
-            self.inodes.detach(p)
-            self._drop_entry(p)
-        self.inodes.orphan(inode)
-
-    def _adopt_tree_file(self, inode: Inode) -> bool:
-        """Make a virtual inode whose draft ended the tree's file at its name: its backing
-        key, and a backing descriptor for the handles still open on it. False if the tree
-        has no regular file there, or one another inode stands for (a hard link)."""
-        if len(inode.paths) != 1 or inode.path in self._hidden:
-            return False
-        try:
-            st = os.stat(inode.path, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode) and inode.handles > 0:
-                self._open_backing(inode, writable=False)
-                st = os.fstat(inode.fd)
-        except OSError:
-            return False
-        other = self.inodes.by_key.get((st.st_dev, st.st_ino))
-        if not stat.S_ISREG(st.st_mode) or (other is not None and other is not inode):
-            if inode.fd >= 0:
-                os.close(inode.fd)
-                inode.fd = -1
-            return False
-        self.inodes.rekey(inode, (st.st_dev, st.st_ino))
-        return True
-
-    def _gone(self, path: bytes) -> None:
-        gone = self.inodes.detach(path)
-        if gone is not None:
-            self.inodes.orphan(gone)
-        self._drop_entry(path)
-
-    def _drop_entry(self, path: bytes) -> None:
-        """Make the kernel look ``path`` up again (its cached entry, or its absence, is
-        stale) and list its directory again."""
-        parent, _, name = path.rpartition(b"/")
-        inode = self.inodes.by_path.get(parent)
-        if inode is not None:
-            self._soon(_drop_kernel_entry, inode.ino, name)
-            self._soon(_drop_kernel_cache, inode.ino)  # its listing (CACHE_DIR)
-
-    def _tree_changed(self, path: bytes) -> None:
-        """rwfs itself wrote ``path``, and may have made the directories above it: drop
-        what the kernel knows of each level."""
-        while path:
-            self._drop_entry(path)
-            path = path.rpartition(b"/")[0]
-
-    def _release_fd(self, inode: Inode) -> None:
-        if inode.handles == 0 and inode.stage is None and inode.pending is None:
-            if inode.fd >= 0:
-                os.close(inode.fd)
-                inode.fd = -1
-            self.inodes.maybe_drop(inode)
-
-    def _open_backing(self, inode: Inode, writable: bool) -> None:
-        if inode.fd >= 0 and (inode.fd_writable or not writable):
-            return
-        flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-        try:
-            fd = os.open(rel(inode.path), flags | os.O_RDWR, dir_fd=self.ws.root_fd)
-            w = True
-        except OSError as exc:
-            if writable or exc.errno not in (
-                errno.EACCES,
-                errno.EROFS,
-                errno.ETXTBSY,
-                errno.EISDIR,
-            ):
-                raise
-            fd = os.open(rel(inode.path), flags | os.O_RDONLY, dir_fd=self.ws.root_fd)
-            w = False
-        if inode.fd >= 0:
-            os.close(inode.fd)
-        inode.fd, inode.fd_writable = fd, w
-
-    async def _ensure_stage(self, inode: Inode, truncate: bool = False) -> None:
-        """Give the inode an open (unsealed) stage, settling a queued commit first."""
-        async with inode.lock:
-            while inode.stage is None or inode.stage.sealed:
-                held = inode.pending
-                if held is not None and held.held:
-                    # A draft an open batch holds: build on it, against the batch's base.
-                    inode.stage = await self.ws.new_stage(held.stage.fd, truncate)
-                    inode.stage.expected = held.stage.expected
-                    continue
-                if held is not None:
-                    await self._settle(inode)
-                    continue
-                self._open_backing(inode, writable=False)
-                inode.stage = await self.ws.new_stage(inode.fd, truncate)
-
-    def _orphan_stage(self, inode: Inode) -> None:
-        """Unlinked while open: nothing to commit. The stage holds the file's bytes for the
-        descriptors still open (POSIX keeps an unlinked file readable and writable until
-        its last close), so only the last release drops it."""
-        if inode.handles == 0 and inode.stage is not None:
-            self.ws.drop_stage(inode.stage)
-            inode.stage = None
-
-    async def _commit(self, inode: Inode, ctx_info: dict[str, Any], wait: bool = False) -> None:
-        """A commit point (SPEC §3.2 step 2): seal the stage and hand it to the committer."""
-        async with inode.lock:
-            stage = inode.stage
-            if stage is None or stage.sealed:
-                if wait:
-                    await self._settle(inode)
-                return
-            if not inode.paths:
-                self._orphan_stage(inode)
-                return
-            stage.sealed = True  # atomic: set before the first await, so writers wait
-            # The gates judge the new bytes against what the mount showed: the tree's file,
-            # or the draft of it an open batch holds. A new (empty) file has nothing a write
-            # could break: only the secrets gate has something to look at.
-            gated = inode.path
-            held_before = self._held(inode)
-            shown, base_fd = self._shown(inode, held_before, stage)
-            gate = shown != EMPTY_DIGEST or self.ws.policy.gate("secrets", gated)["action"] != "off"
-            intended, size, findings = await self.ws.seal(stage, (gated, base_fd) if gate else None)
-            if not inode.paths:  # unlinked during the seal
-                stage.sealed = False
-                self._orphan_stage(inode)
-                return
-            path = inode.path
-            held = self._held(inode)
-            shown, base_fd = self._shown(inode, held, stage)
-            if held is not None and intended in (held.intended, stage.expected):
-                # The batch's draft again, or the batch's base again (no change left).
-                self.ws.drop_stage(stage)
-                inode.stage = held.stage
-                if intended == stage.expected:
-                    await self.batches.unhold(self.batches.all[str(held.batch)], path)
-                return
-            if intended == stage.expected:
-                self.ws.drop_stage(stage)
-                inode.stage = None
-                os.utime(rel(path), dir_fd=self.ws.root_fd, follow_symlinks=False)
-                self.ws.record(
-                    {
-                        "op": "noop",
-                        "path": fsdecode(path),
-                        "batch": None,
-                        "intended": intended,
-                        **ctx_info,
-                    }
-                )
-                self.ws.stats.count("noops")
-                return
-            if path != gated or held is not held_before:
-                # Renamed during the seal, or the batch ended meanwhile: gate it as what it
-                # is now, against what the mount shows now.
-                findings = await self.ws.run_gates(path, base_fd, stage.fd)
-            if any(f.action == "reject" for f in findings):
-                # Refused: the draft is kept, the stage goes, the file reads as before.
-                err = await self.ws.refuse(path, stage.fd, shown, intended, findings, ctx_info)
-                await self._unstage(inode, held, stage)
-                if wait:
-                    # fsync(): the kernel holds the inode's lock until we answer, and
-                    # invalidating needs it, so it runs after the answer.
-                    self._invalidate(inode)
-                else:
-                    await self._invalidate_now(inode)  # a reread must not see the draft
-                raise err
-            info = dict(ctx_info)
-            if findings:
-                info["warnings"] = [
-                    {"gate": f.gate, "message": f.message, **f.details} for f in findings
-                ]
-            stale, read_fd = self._stale_read(inode, ctx_info), -1
-            if stale is None:
-                stale, read_fd = await self._replaced_read(inode, path, ctx_info, shown)
-            if stale is not None:
-                if self.ws.policy.stale_write == "conflict":
-                    with borrowed(read_fd) as (rfd,):  # eviction may close the original
-                        err = await self.ws.stale_conflict(
-                            path,
-                            stage,
-                            intended,
-                            stale or None,
-                            ctx_info,
-                            actual=(shown, base_fd),
-                            batch=held.batch if held is not None else None,
-                            read_fd=rfd,
-                        )
-                    await self._unstage(inode, held, stage)
-                    if wait:
-                        self._invalidate(inode)
-                    else:
-                        await self._invalidate_now(inode)
-                    raise err
-                info.setdefault("warnings", []).append(
-                    {
-                        "gate": "stale_write",
-                        "message": "this process read an older version of the file than "
-                        "the one it replaced: a change made meanwhile may be lost",
-                        "read": stale or None,
-                    }
-                )
-                self.ws.stats.count("stale_writes")
-            self._new_version(inode, shown, intended, ctx_info)
-            commit = Commit(path, stage, intended, size, info, owner=inode)
-            # A file an open batch holds stays in it, whoever writes it (every writer
-            # built on the draft); otherwise the batch whose scope the writer is in.
-            batch = self.batches.all.get(str(held.batch)) if held else None
-            if batch is None and inode.virtual:  # made again where the batch deletes a file
-                batch = self.batches.holding(path)
-            batch = batch or self.batches.for_writer(ctx_info)
-            if batch is not None and await self.batches.hold(batch, commit, wait):
-                inode.pending = commit
-                return
-            inode.pending = commit
-            try:
-                await self.ws.submit(commit, wait)
-            except BaseException:
-                # Refused before the committer took it (e.g. the journal is unavailable):
-                # nothing was written, so the stage goes and the file reads as before.
-                if inode.pending is commit and not self.ws.is_queued(commit):
-                    inode.pending = None
-                    if inode.stage is stage:
-                        inode.stage = None
-                    self.ws.drop_stage(stage)
-                    self._invalidate(inode)
-                raise
-
-    @staticmethod
-    def _held(inode: Inode) -> Commit | None:
-        """The draft of the file an open batch holds, if it holds one."""
-        return inode.pending if inode.pending is not None and inode.pending.held else None
-
-    @staticmethod
-    def _shown(inode: Inode, held: Commit | None, stage: Stage) -> tuple[str | None, int]:
-        """What the mount showed of the file before this stage: (digest, a descriptor of
-        its bytes, -1 for none). A batch's draft if it holds one; else the tree's file,
-        which for a file the batch creates is an empty one."""
-        if held is not None:
-            return held.intended, held.stage.fd
-        if inode.virtual:
-            return EMPTY_DIGEST, -1
-        return stage.expected, inode.fd
-
-    async def _unstage(self, inode: Inode, held: Commit | None, stage: Stage) -> None:
-        """A refused commit point: its stage goes and the file shows what it showed
-        before: the batch's draft, the tree's file, or, for a file an open batch created
-        and holds no draft of yet, an empty file (as a refused first write leaves a new
-        file outside a batch)."""
-        st = os.fstat(stage.fd)
-        self.ws.drop_stage(stage)
-        if held is not None:
-            inode.stage = held.stage
-        elif inode.virtual and inode.paths:
-            # Unsealed: the last release commits it, so the batch holds the empty file.
-            inode.stage = await self.ws.empty_stage(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-        else:
-            inode.stage = None
-
-    def _stale_read(self, inode: Inode, who: dict[str, Any]) -> str | None:
-        """A lost update (SPEC §6.4): the digest this process last read of the file ("" if
-        it is no longer known), if another process changed the file since; else None."""
-        if self.ws.policy.stale_write == "off":
-            return None
-        seen = self._reads.get((who.get("pid", 0), inode.ino))
-        if seen is None or seen == inode.version:
-            return None
-        return inode.digests.get(seen) or ""  # "": a version too old to be remembered
-
-    async def _replaced_read(
-        self, inode: Inode, path: bytes, who: dict[str, Any], shown: str | None
-    ) -> tuple[str | None, int]:
-        """A lost update over a replaced file (SPEC §6.4): this process read ``path``,
-        then another process replaced the file there (``_path_leaves``), and what it read
-        is not what the path holds now. Returns (the digest it read, "" if it is no longer
-        known, or None: not stale; a descriptor of those bytes or -1)."""
-        if self.ws.policy.stale_write == "off":
-            return None, -1
-        rec = self._read_at.get(path, {}).get(who.get("pid", 0))
-        if rec is None or not rec.replaced or rec.ino == inode.ino:
-            return None, -1  # (the file it read may be back at its path)
-        read, gone = rec.read, rec.gone
-        if read is None and gone is not None:
-            if gone.digest is None and gone.fd >= 0:
-                try:
-                    gone.digest = await self.ws.digest(gone.fd)  # off the loop
-                except OSError:
-                    pass
-            read = gone.digest
-        if read is not None and read == shown:
-            return None, -1  # replaced by the very bytes it read: nothing is lost
-        if read is None and not rec.changed:
-            return None, -1  # its bytes were let go (GONE_MAX): never a false stale write
-        return read or "", gone.fd if gone is not None and read is not None else -1
-
-    def _note_read(self, pid: int, inode: Inode) -> None:
-        at = self._read_at.setdefault(inode.path, {})
-        if pid not in at:
-            self._read_at_n += 1
-        at[pid] = _ReadAt(inode.ino, inode.version)
-
-    def _forget_reads(self) -> None:
-        """The memory of reads is bounded: past READS_MAX pairs, all are forgotten."""
-        self._reads.clear()
-        self._read_at.clear()
-        self._read_at_n = 0
-        for gone in self._gone_fds:
-            os.close(gone.fd)
-            gone.fd = -1
-        self._gone_fds.clear()
-
     def _path_made(self, path: bytes, ino: int, ctx: Any) -> None:
-        """A process made the file at ``path``: where it had read a file another process
-        removed since, writing its new file loses nothing of anyone's."""
-        at = self._read_at.get(path)
-        inode = self.inodes.get(ino)
-        pid = self._who(ctx)["pid"] if at else None
-        if at and pid in at and inode is not None:
-            at[pid] = _ReadAt(inode.ino, inode.version)
+        if self.files.read_at.get(path):  # (the writer is looked up only if needed)
+            self.files.path_made(path, ino, self._who(ctx)["pid"])
 
     def _path_leaves(self, path: bytes, ctx: Any, now: Inode | None = None) -> None:
-        """``path`` is about to stop naming its file (renamed over or away, removed; an
-        exchange): a process that read the file there and then writes the path would
-        write over a file it never read. Called before the syscall, while the path still
-        names the file: if the syscall fails, the path names the inode each reader read
-        and ``_replaced_read`` finds nothing stale. The changing process's own change is
-        no stale write: its record follows the file it put there (``now``), if any."""
-        at = self._read_at.get(path)
-        if not at:
-            return
-        actor = self._who(ctx)["pid"]
-        mine = at.pop(actor, None)
-        if mine is not None:
-            if now is not None and not now.is_dir:
-                at[actor] = _ReadAt(now.ino, now.version)
-            else:
-                self._read_at_n -= 1
-        inode = self.inodes.by_path.get(path)
-        if inode is None:
-            return
-        gone: _Gone | None = None
-        for pid, rec in at.items():
-            # Replaced once already (it keeps what it read then), or read as an inode
-            # the kernel has forgotten since: not known to be this file.
-            if pid == actor or rec.replaced or rec.ino != inode.ino:
-                continue
-            rec.replaced = True
-            rec.changed = rec.version != inode.version
-            rec.read = inode.digests.get(rec.version)
-            if rec.read is None and not rec.changed:
-                # Never committed through the mount: its bytes tell what was read.
-                gone = gone or self._keep_gone(path)
-                rec.gone = gone
-
-    def _keep_gone(self, path: bytes) -> _Gone | None:
-        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        try:
-            gone = _Gone(os.open(path, how, dir_fd=self.ws.root_fd))
-        except OSError:
-            return None
-        self._gone_fds.append(gone)
-        if len(self._gone_fds) > GONE_MAX:
-            old = self._gone_fds.pop(0)
-            os.close(old.fd)
-            old.fd = -1
-        return gone
-
-    def _new_version(self, inode: Inode, old: str | None, new: str, who: dict[str, Any]) -> None:
-        inode.digests[inode.version] = old
-        inode.version += 1
-        inode.digests[inode.version] = new
-        inode.digests.pop(inode.version - 16, None)
-        pid = who.get("pid", 0)
-        key = (pid, inode.ino)
-        if key in self._reads:  # a writer has seen its own bytes
-            self._reads[key] = inode.version
-        for path in inode.paths:
-            at = self._read_at.get(path)
-            if at is not None and pid in at:
-                at[pid] = _ReadAt(inode.ino, inode.version)
+        if self.files.read_at.get(path):
+            self.files.path_leaves(path, self._who(ctx)["pid"], now)
 
     # ---- lookup and attributes ----
 
@@ -949,11 +474,11 @@ class Operations(pyfuse3.Operations):
         if parent_inode == ROOT and name == b".rw":
             return self._control_attr(self.control.root)
         path = self._join(parent, name)
-        virtual = self._virtual.get(path)
+        virtual = self.files.virtual.get(path)
         if virtual is not None:
             virtual.lookups += 1
             return self._attr(virtual.ino, self._stat(virtual))
-        if path in self._hidden:
+        if path in self.files.hidden:
             raise pyfuse3.FUSEError(errno.ENOENT)
         st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
         inode = self.inodes.resolve(path, st)
@@ -984,12 +509,12 @@ class Operations(pyfuse3.Operations):
         i = self._inode(inode)
         path = i.path if i.paths else None  # None: removed, still open (or just removed)
         st = self._stat(i)
-        journaled = path is not None and self._journaled(path, st, i.is_dir)
+        journaled = path is not None and self.files.journaled(path, st, i.is_dir)
         if fields.update_size:
             # An unlinked file's inode may be linked as a kept object meanwhile (st_nlink
             # 2 for a moment while the committer moves it): never change it in place.
             if (journaled or i.unlinked) and stat.S_ISREG(st.st_mode):
-                await self._ensure_stage(i, truncate=attr.st_size == 0)
+                await self.files.ensure_stage(i, truncate=attr.st_size == 0)
                 assert i.stage is not None
                 size = os.fstat(i.stage.fd).st_size
                 os.ftruncate(i.stage.fd, attr.st_size)
@@ -998,9 +523,9 @@ class Operations(pyfuse3.Operations):
                 if isinstance(h, Handle):
                     h.dirty = True
                 elif i.handles == 0:  # truncate(2) of a closed file is a commit of its own
-                    await self._commit(i, self._who(ctx))
+                    await self.files.commit(i, self._who(ctx))
             else:
-                self._open_backing(i, writable=True)
+                self.files.open_backing(i, writable=True)
                 os.ftruncate(i.fd, attr.st_size)
         targets: list[Any] = [] if i.virtual or path is None else [rel(path)]
         if i.stage is not None:
@@ -1061,7 +586,9 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
-        with self._journal(self._journaled(path), ctx, "create", path, type=stat.filemode(mode)[0]):
+        with self._journal(
+            self.files.journaled(path), ctx, "create", path, type=stat.filemode(mode)[0]
+        ):
             os.mknod(path, mode & ~ctx.umask, rdev, dir_fd=self.ws.root_fd)
         return self._new_entry(path, ctx)
 
@@ -1077,7 +604,7 @@ class Operations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EIO)
             return self._control_attr(child)
         path = self._parent_path(parent_inode, name)
-        journaled = self._journaled(path, None, True)
+        journaled = self.files.journaled(path, None, True)
         with self._journal(journaled, ctx, "mkdir", path):
             os.mkdir(path, mode & ~ctx.umask, dir_fd=self.ws.root_fd)
         batch = self.batches.for_writer(self._who(ctx)) if journaled else None
@@ -1090,7 +617,9 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, target: bytes, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
-        with self._journal(self._journaled(path), ctx, "symlink", path, target=fsdecode(target)):
+        with self._journal(
+            self.files.journaled(path), ctx, "symlink", path, target=fsdecode(target)
+        ):
             os.symlink(target, path, dir_fd=self.ws.root_fd)
         return self._new_entry(path, ctx)
 
@@ -1100,7 +629,7 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         src = self._inode(inode)
         path = self._parent_path(new_parent_inode, new_name)
-        if src.virtual or self._held(src) is not None or path in self._hidden:
+        if src.virtual or self.files.held(src) is not None or path in self.files.hidden:
             # The tree does not hold what the mount shows at one of the two names (an
             # open batch's draft, or its deletion): a link there would not link it.
             raise pyfuse3.FUSEError(errno.EXDEV)
@@ -1110,13 +639,15 @@ class Operations(pyfuse3.Operations):
         # and a stage committed later would split the link.
         while True:
             before = src.stage
-            await self._commit(src, self._who(ctx), wait=True)
-            await self._settle(src)
+            await self.files.commit(src, self._who(ctx), wait=True)
+            await self.files.settle(src)
             if src.stage is None or src.stage is before or not src.paths:
                 break  # (a stage that stays is a batch's draft, or an unlinked file's)
-        if self._held(src) is not None:  # the commit went to an open batch
+        if self.files.held(src) is not None:  # the commit went to an open batch
             raise pyfuse3.FUSEError(errno.EXDEV)
-        with self._journal(self._journaled(path), ctx, "link", path, source=fsdecode(src.path)):
+        with self._journal(
+            self.files.journaled(path), ctx, "link", path, source=fsdecode(src.path)
+        ):
             os.link(
                 rel(src.path),
                 path,
@@ -1128,22 +659,22 @@ class Operations(pyfuse3.Operations):
 
     async def _remove(self, parent_inode: int, name: bytes, ctx: Any, is_dir: bool) -> None:
         path = self._parent_path(parent_inode, name)
-        virtual = self._virtual.get(path)
+        virtual = self.files.virtual.get(path)
         if virtual is not None:
             if is_dir:
                 raise pyfuse3.FUSEError(errno.ENOTDIR)
-            await self._drop_virtual(virtual)
+            await self.files.drop_virtual(virtual)
             return
         inode = self.inodes.by_path.get(path)
-        if not is_dir and await self._hide(path, inode, ctx):
+        if not is_dir and await self.files.hide(path, inode, self._who(ctx)):
             return
         if inode is not None:
-            await self._settle(inode)
+            await self.files.settle(inode)
         st = None
         if is_dir:
             # Kept for the kernel, which may still hold the directory (a shell's cwd).
             st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            with self._journal(self._journaled(path, None, True), ctx, "rmdir", path):
+            with self._journal(self.files.journaled(path, None, True), ctx, "rmdir", path):
                 os.rmdir(path, dir_fd=self.ws.root_fd)
         else:
             st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
@@ -1153,7 +684,7 @@ class Operations(pyfuse3.Operations):
             # place, unjournaled), so the unlink is journaled but nothing is adopted —
             # adopting would make a live, changing inode an object.
             linked = stat.S_ISREG(st.st_mode) and st.st_nlink > 1
-            journaled = self._journaled(path, None if linked else st)
+            journaled = self.files.journaled(path, None if linked else st)
             if journaled and stat.S_ISREG(st.st_mode) and not linked:
                 incoming = self.ws.objects.adopt(self.ws.root_fd, path)  # keep the bytes
             try:
@@ -1171,191 +702,6 @@ class Operations(pyfuse3.Operations):
             self.inodes.orphan(gone)
             if is_dir:
                 gone.removed = st
-
-    async def _hide(self, path: bytes, inode: Inode | None, ctx: Any) -> bool:
-        """Unlink by a writer an open batch takes (or of a file it holds): the deletion
-        waits for the batch's commit, the file is gone from the view now. False if the
-        unlink is not the batch's."""
-        held = inode.pending if inode is not None and inode.pending is not None else None
-        batch = self.batches.all.get(str(held.batch)) if held and held.held else None
-        batch = batch or self.batches.for_writer(self._who(ctx))
-        if batch is None or path in self._hidden:
-            return False
-        if inode is not None and not (held and held.held):
-            await self._settle(inode)  # the batch's base is the file's committed bytes
-        st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
-        if not (stat.S_ISREG(st.st_mode) and self._journaled(path, st)):
-            return False
-        if held is not None and held.held:
-            assert inode is not None
-            with self._letting_go(inode, held):
-                await self.batches.hide(batch, path, held.stage.expected)
-        else:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
-            try:
-                base = await self.ws.digest(fd)
-            finally:
-                os.close(fd)
-            await self.batches.hide(batch, path, base)
-        self._hidden.add(path)
-        gone = self.inodes.detach(path)
-        if gone is not None:
-            self.inodes.orphan(gone)
-        return True
-
-    @contextlib.contextmanager
-    def _letting_go(self, inode: Inode, held: Commit) -> Iterator[None]:
-        """Around a change that ends the batch's draft of a file (its deletion, or the
-        batch forgetting the file): descriptors still open on the file read and write the
-        draft's bytes until their last close, as POSIX keeps a removed file, so the batch
-        lets go of the stage rather than dropping it; the last release drops it
-        (``_orphan_stage``). Undone if the change fails."""
-        stage = held.stage
-        if inode.stage is not stage:
-            yield  # the inode has a stage of its own (or none)
-            return
-        if inode.handles > 0:
-            stage.sealed = False
-            held.stage = Stage(-1, b"", stage.expected)
-        else:
-            inode.stage = None
-        try:
-            yield
-        except BaseException:
-            held.stage, inode.stage, stage.sealed = stage, stage, True
-            raise
-
-    async def _drop_virtual(self, inode: Inode) -> None:
-        """Unlink of a file the open batch created: the batch forgets it, or, if it stood
-        in for a file of the tree (removed and made again, or a temporary file renamed
-        over it), deletes that file; descriptors still open keep reading and writing its
-        stage until their last close."""
-        held = inode.pending
-        async with inode.lock:
-            path = inode.path
-            for p in list(inode.paths):
-                self._virtual.pop(p, None)
-                self.inodes.detach(p)
-            inode.virtual = False
-            self.inodes.orphan(inode)
-            if held is not None and held.held:
-                batch = self.batches.all[str(held.batch)]
-                with self._letting_go(inode, held):
-                    if held.stage.expected is None:
-                        await self.batches.unhold(batch, held.path)
-                    else:
-                        await self.batches.hide(batch, held.path, held.stage.expected)
-                        self._hidden.add(held.path)
-            elif (deleting := self.batches.holding(path)) is not None:
-                if deleting.held[path].intended is None:  # made where the batch deletes one
-                    self._hidden.add(path)
-            self._orphan_stage(inode)
-
-    def _batch_rename(self, src: bytes, dst: bytes, ctx: Any) -> bool:
-        if src in self._hidden or dst in self._hidden:
-            return True
-        held = [self.inodes.by_path.get(p) for p in (src, dst)]
-        if any(i is not None and i.pending is not None and i.pending.held for i in held):
-            return True
-        if self.batches.for_writer(self._who(ctx)) is None:
-            return False
-        try:
-            st = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        return stat.S_ISREG(st.st_mode) and self._journaled(src, st)
-
-    async def _rename_virtual(self, src: bytes, dst: bytes, flags: int, ctx: Any) -> None:
-        """Rename of a file an open batch created: within the batch, the draft now stands
-        for ``dst`` (a new file there, or new bytes for the file there: the write-a-temp-
-        then-rename pattern). Anything else involving such a file is EXDEV, which makes
-        mv and most tools copy instead."""
-        inode = self._virtual.get(src)
-        if inode is None or flags & pyfuse3.RENAME_EXCHANGE:
-            raise pyfuse3.FUSEError(errno.EXDEV)
-        target = self._virtual.get(dst)
-        real = None
-        if target is None:
-            try:
-                real = os.stat(dst, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                pass
-        shown = target is not None or (real is not None and dst not in self._hidden)
-        if shown and flags & pyfuse3.RENAME_NOREPLACE:
-            raise pyfuse3.FUSEError(errno.EEXIST)
-        if real is not None and not (stat.S_ISREG(real.st_mode) and self._journaled(dst, real)):
-            raise pyfuse3.FUSEError(errno.EXDEV)
-        who = self._who(ctx)
-        if inode.pending is None or not inode.pending.held:
-            await self._commit(inode, who)  # its bytes join the batch first
-        held = inode.pending
-        if held is None or not held.held or self._virtual.get(src) is not inode:
-            raise pyfuse3.FUSEError(errno.EXDEV)
-        old = target or self.inodes.by_path.get(dst)
-        if old is not None and target is None:
-            await self._settle(old)  # the batch's base is the file's committed bytes
-        old_held = self._held(old) if old is not None else None
-        base = None
-        if old_held is not None:
-            base = old_held.stage.expected  # the batch's base of dst
-        elif real is not None:
-            fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
-            try:
-                base = await self.ws.digest(fd)
-            finally:
-                os.close(fd)
-        if shown:
-            # As outside a batch, a rename onto a file is a commit of it: the gates judge
-            # the draft against what the mount shows there.
-            await self._gate_virtual_rename(held, dst, old_held, base, who)
-            if self._virtual.get(src) is not inode or inode.pending is not held or not held.held:
-                raise pyfuse3.FUSEError(errno.EXDEV)  # the batch ended meanwhile
-        batch = self.batches.all[str(held.batch)]
-        src_base = held.stage.expected  # not None: src was a file of the tree, deleted
-        if old is not None and old_held is not None:
-            with self._letting_go(old, old_held):  # its open descriptors keep its draft
-                await self.batches.retarget(batch, held, dst, base)
-        else:
-            await self.batches.retarget(batch, held, dst, base)
-        if old is not None:
-            self._virtual.pop(dst, None)
-            self.inodes.detach(dst)
-            self.inodes.orphan(old)
-        self._hidden.discard(dst)
-        del self._virtual[src]
-        self.inodes.move(src, dst)
-        self._virtual[dst] = inode
-        if src_base is not None:
-            # The file the batch made at src replaced one of the tree (removed, then
-            # created again): moving it away leaves that one deleted.
-            await self.batches.hide(batch, src, src_base)
-            self._hidden.add(src)
-
-    async def _gate_virtual_rename(
-        self,
-        held: Commit,
-        dst: bytes,
-        old_held: Commit | None,
-        base: str | None,
-        who: dict[str, Any],
-    ) -> None:
-        """``_gate_rename`` for a batch's draft renamed onto a file the mount shows: its
-        own draft, or the tree's file."""
-        fd = -1
-        if old_held is None and dst not in self._virtual:  # (a new file of the batch: empty)
-            fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.ws.root_fd)
-        try:
-            old_fd = old_held.stage.fd if old_held is not None else fd
-            findings = await self.ws.run_gates(dst, old_fd, held.stage.fd)
-            if any(f.action == "reject" for f in findings):
-                shown = old_held.intended if old_held is not None else base
-                with borrowed(held.stage.fd) as (new_fd,):
-                    raise await self.ws.refuse(
-                        dst, new_fd, shown, str(held.intended), findings, who
-                    )
-        finally:
-            if fd >= 0:
-                os.close(fd)
 
     @_guard()
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -1385,10 +731,10 @@ class Operations(pyfuse3.Operations):
     ) -> None:
         src = self._parent_path(old_parent, old_name)
         dst = self._parent_path(new_parent, new_name)
-        if src in self._virtual or dst in self._virtual:
-            await self._rename_virtual(src, dst, flags, ctx)
+        if src in self.files.virtual or dst in self.files.virtual:
+            await self.files.rename_virtual(src, dst, flags, self._who(ctx))
             return
-        if self._batch_rename(src, dst, ctx):
+        if self.files.batch_rename(src, dst, self._who(ctx)):
             # A rename in an open batch is a copy and a deletion (mv and most tools do
             # that on EXDEV), both held by the batch.
             raise pyfuse3.FUSEError(errno.EXDEV)
@@ -1398,7 +744,7 @@ class Operations(pyfuse3.Operations):
         # waiting in fsync). Writers can queue more while this waits or gates: again.
         while True:
             for p in (src, dst):
-                await self._settle_below(p)
+                await self.files.settle_below(p)
             sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
             try:
                 dst_st: os.stat_result | None = os.stat(
@@ -1411,9 +757,9 @@ class Operations(pyfuse3.Operations):
             linked = stat.S_ISREG(sst.st_mode) and sst.st_nlink > 1
             dst_linked = dst_st is not None and stat.S_ISREG(dst_st.st_mode) and dst_st.st_nlink > 1
             is_dir = stat.S_ISDIR(sst.st_mode)
-            journaled = self._journaled(src, None if linked else sst, is_dir) or self._journaled(
-                dst, None if dst_linked else dst_st, is_dir
-            )
+            journaled = self.files.journaled(
+                src, None if linked else sst, is_dir
+            ) or self.files.journaled(dst, None if dst_linked else dst_st, is_dir)
             if (
                 journaled
                 and not flags
@@ -1422,8 +768,8 @@ class Operations(pyfuse3.Operations):
                 and stat.S_ISREG(sst.st_mode)
                 and not (linked or dst_linked)
             ):
-                await self._gate_rename(src, dst, ctx)
-            if not self._queued(src) and not self._queued(dst):
+                await self.files.gate_rename(src, dst, self._who(ctx))
+            if not self.files.queued(src) and not self.files.queued(dst):
                 break
         if journaled:
             moved = None if exchange else self.inodes.by_path.get(src)
@@ -1473,25 +819,6 @@ class Operations(pyfuse3.Operations):
                     self.inodes.orphan(gone)
             self.inodes.move(src, dst)
 
-    async def _gate_rename(self, src: bytes, dst: bytes, ctx: Any) -> None:
-        """A rename onto a journaled file is a commit of it: the gates see the moved bytes,
-        and a refusal fails the rename() with both files as they were."""
-        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-        new_fd = os.open(src, how, dir_fd=self.ws.root_fd)
-        try:
-            old_fd = os.open(dst, how, dir_fd=self.ws.root_fd)
-            try:
-                findings = await self.ws.run_gates(dst, old_fd, new_fd)
-                if any(f.action == "reject" for f in findings):
-                    expected, intended = await self.ws.digest(old_fd), await self.ws.digest(new_fd)
-                    raise await self.ws.refuse(
-                        dst, new_fd, expected, intended, findings, self._who(ctx)
-                    )
-            finally:
-                os.close(old_fd)
-        finally:
-            os.close(new_fd)
-
     # ---- files ----
 
     @_guard()
@@ -1519,31 +846,28 @@ class Operations(pyfuse3.Operations):
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         # Size and link count matter only to a writer: a reader (grep opens every file)
         # is spared a stat.
-        journaled = self._journaled(i.path, self._stat(i) if writable else None)
+        journaled = self.files.journaled(i.path, self._stat(i) if writable else None)
         if not i.virtual:
-            self._open_backing(i, writable and not journaled)
+            self.files.open_backing(i, writable and not journaled)
         i.handles += 1
         try:
             if writable and flags & os.O_TRUNC:
                 if journaled:
-                    await self._ensure_stage(i, truncate=True)
+                    await self.files.ensure_stage(i, truncate=True)
                     assert i.stage is not None
                     if os.fstat(i.stage.fd).st_size:  # a stage other writers had filled
                         os.ftruncate(i.stage.fd, 0)
                         i.stage.wrote(0, 0)
                 else:
-                    self._open_backing(i, writable=True)
+                    self.files.open_backing(i, writable=True)
                     os.ftruncate(i.fd, 0)
         except BaseException:
             i.handles -= 1
-            self._release_fd(i)
+            self.files.release_fd(i)
             raise
         who = self._who(ctx)
         if journaled and flags & os.O_ACCMODE != os.O_WRONLY and not i.is_dir:
-            if len(self._reads) > READS_MAX or self._read_at_n > READS_MAX:
-                self._forget_reads()
-            self._reads[(who["pid"], i.ino)] = i.version
-            self._note_read(who["pid"], i)
+            self.files.opened_to_read(who["pid"], i)
             if not writable and parsers.language(i.path) is not None:
                 self._to_prime = i.ino
                 self._read_one.set()
@@ -1566,22 +890,22 @@ class Operations(pyfuse3.Operations):
             return fi, self._control_attr(child)
         path = self._parent_path(parent_inode, name)
         batch = None
-        if self._journaled(path):
+        if self.files.journaled(path):
             # A file an open batch deletes is the batch's, whoever makes it again.
-            held = self.batches.holding(path) if path in self._hidden else None
+            held = self.batches.holding(path) if path in self.files.hidden else None
             batch = held or self.batches.for_writer(self._who(ctx))
         if (
             batch is not None
-            and path not in self._virtual
-            and (path in self._hidden or not _exists(self.ws.root_fd, path))
+            and path not in self.files.virtual
+            and (path in self.files.hidden or not _exists(self.ws.root_fd, path))
         ):
-            self._hidden.discard(path)
+            self.files.hidden.discard(path)
             # A new file of an open batch: only a stage until the batch commits.
             stage = await self.ws.empty_stage(mode & ~ctx.umask & 0o7777, ctx.uid, ctx.gid)
             inode = self.inodes.add_virtual(path)
             inode.stage = stage
             inode.lookups += 1
-            self._virtual[path] = inode
+            self.files.virtual[path] = inode
             attr = self._attr(inode.ino, self._stat(inode))
             fi = await self.open(attr.st_ino, flags & ~(os.O_EXCL | os.O_TRUNC), ctx)
             return fi, attr
@@ -1590,7 +914,12 @@ class Operations(pyfuse3.Operations):
         try:
             made = mode & ~ctx.umask & 0o7777
             with self._journal(
-                self._journaled(path), ctx, "create", path, intended=EMPTY_DIGEST, mode=made
+                self.files.journaled(path),
+                ctx,
+                "create",
+                path,
+                intended=EMPTY_DIGEST,
+                mode=made,
             ):
                 os.close(os.open(path, how, made, dir_fd=self.ws.root_fd))
             created = True
@@ -1628,7 +957,7 @@ class Operations(pyfuse3.Operations):
                     h.failed = (off, buf, exc.errno)
                     raise
                 finally:
-                    await self._view_settled()
+                    await self.kernel.settled()
                 return len(buf)
             end = off + len(buf)
             if end > h.node.max_bytes or h.failed is not None:
@@ -1658,7 +987,7 @@ class Operations(pyfuse3.Operations):
         st = os.fstat(i.fd)
         if not i.paths:  # its names here are gone; another (a hard link) may share it
             return st.st_nlink > 1
-        return not self._journaled(i.path, st)
+        return not self.files.journaled(i.path, st)
 
     async def _to_change(self, i: Inode) -> Stage | None:
         """The open stage a change to the file's bytes goes to; None: the file is changed
@@ -1666,10 +995,10 @@ class Operations(pyfuse3.Operations):
         # Decided at each change, not at open: a file hard-linked since it was opened must
         # be written in place, or the commit's rename would split the link.
         if i.stage is None and not i.unlinked and self._in_place(i):
-            self._open_backing(i, writable=True)
+            self.files.open_backing(i, writable=True)
             return None
         if i.stage is None or i.stage.sealed:
-            await self._ensure_stage(i)
+            await self.files.ensure_stage(i)
         assert i.stage is not None
         return i.stage
 
@@ -1744,7 +1073,7 @@ class Operations(pyfuse3.Operations):
         assert isinstance(h, Handle)
         if h.dirty:
             h.dirty = False
-            await self._commit(h.inode, h.info)
+            await self.files.commit(h.inode, h.info)
 
     @_guard(quiet=True)
     async def release(self, fh: int) -> None:
@@ -1763,10 +1092,10 @@ class Operations(pyfuse3.Operations):
         if i.handles == 0 and i.stage is not None and not i.stage.sealed:
             # The last reference: commit what no flush did (e.g. a truncation alone).
             try:
-                await self._commit(i, h.info or {"pid": 0, "comm": "", "uid": 0})
+                await self.files.commit(i, h.info or {"pid": 0, "comm": "", "uid": 0})
             except (RwfsError, OSError) as exc:
                 log.info("commit at release of %r: %s", sorted(i.paths), exc)
-        self._release_fd(i)
+        self.files.release_fd(i)
 
     @_guard()
     async def fsync(self, fh: int, datasync: bool) -> None:
@@ -1776,7 +1105,7 @@ class Operations(pyfuse3.Operations):
         i = h.inode
         if i.stage is not None or i.pending is not None:
             h.dirty = False
-            await self._commit(i, h.info, wait=True)
+            await self.files.commit(i, h.info, wait=True)
         elif i.fd >= 0:
             with borrowed(i.fd) as (fd,):
                 await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, fd)
@@ -1846,14 +1175,14 @@ class Operations(pyfuse3.Operations):
             names = [n for n in names if n != b".rw"]
             if self.show_control:
                 names = sorted([*names, b".rw"])
-        if self._hidden:
+        if self.files.hidden:
             prefix = i.path + b"/" if i.path else b""
-            names = [n for n in names if prefix + n not in self._hidden]
-        if self._virtual:
+            names = [n for n in names if prefix + n not in self.files.hidden]
+        if self.files.virtual:
             prefix = i.path + b"/" if i.path else b""
             extra = {
                 p[len(prefix) :]
-                for p in self._virtual
+                for p in self.files.virtual
                 if p.startswith(prefix) and b"/" not in p[len(prefix) :]
             }
             names = sorted(set(names) | extra)
@@ -1884,7 +1213,7 @@ class Operations(pyfuse3.Operations):
                     return
                 continue
             path = h.inode.path + b"/" + name if h.inode.path else name
-            virtual = self._virtual.get(path)
+            virtual = self.files.virtual.get(path)
             if virtual is not None:
                 if not pyfuse3.readdir_reply(
                     token, name, self._attr(virtual.ino, self._stat(virtual)), idx + 1

@@ -1,0 +1,835 @@
+"""The life of a file's bytes through the mount, from the first write to the tree: the
+commit decision of SPEC §3.2, without FUSE. ``fs.py`` translates kernel requests into
+calls of ``Files`` and implements ``Kernel``, what this module asks of the kernel's caches;
+nothing here imports pyfuse3, and errors leave as ``OSError`` or ``RwfsError``.
+
+States of an inode's stage (``Inode.stage``, ``Inode.pending``; ``inodes.py``):
+
+- **none**: reads and in-place writes go to the backing file (``Inode.fd``).
+- **open**: ``ensure_stage`` (a write, a truncation, ``O_TRUNC``) made a private copy of
+  the bytes shown (the tree's file, or the draft an open batch holds); writes go there.
+- **sealed**: a commit point (``commit``: flush, fsync, the last release, a truncate(2)
+  of a closed file, a ``link``) set ``stage.sealed`` before its first await; the digest
+  and the gates run. A write meanwhile waits on ``inode.lock`` for a new stage. From
+  sealed, one of:
+
+  - **no-op**: the bytes are the base again: the stage is dropped, a ``noop`` recorded.
+  - **refused**: a gate rejects, or a stale write under ``stale_write = "conflict"``: the
+    draft is kept as an object, the stage goes (``_unstage``: back to the batch's draft,
+    an empty stage for a batch's new file, or none), the kernel drops the inode's pages,
+    and the writer gets the refusal.
+  - **held by a batch**: the file's open batch, or the writer's (``Batches.hold``):
+    ``pending`` is the held ``Commit`` (``held``), whose stage stays the file's bytes
+    until the batch commits or aborts; a new stage is built on the draft.
+  - **queued**: ``Workspace.submit``; ``pending`` is set until the committer calls
+    ``committed`` (on the loop). Writes wait for it (``settle``).
+
+- **committed** (``committed``): the outcome decides. ``committed``: the stage's
+  descriptor is the live file's now (the backing fd, rekeyed); any other outcome
+  (conflict, error, aborted, noop, landed, replaced): the kernel drops its pages.
+  ``release_fd`` closes the backing file once no handle, stage or commit needs it.
+
+States of a path:
+
+- **a file of the tree**, known to the inode table once looked up.
+- **virtual** (``virtual``, ``Inode.virtual``): a file an open batch created, or renamed
+  over one of the tree; only a stage until the batch's commit (``_unvirtual``: committed,
+  it is the tree's file; otherwise the tree's file there is adopted or the name dropped).
+- **hidden** (``hidden``): a file an open batch deletes: gone from the view, in the tree
+  until the batch commits (``committed`` of a deletion, ``intended is None``).
+
+The batch's side of the namespace is decided here too: an unlink a batch takes
+(``hide``), of its new file (``drop_virtual``), a rename of its new file
+(``rename_virtual``, gated like ``gate_rename`` onto a file the mount shows), and EXDEV for
+any other rename a batch would have to take (``batch_rename``). A held draft that ends
+while descriptors are open on it is let go, not dropped (``letting_go``).
+
+Meanwhile a path may be renamed (``Inode.paths`` moves, a queued commit is settled first:
+``settle_below``), unlinked (no path left: the seal's result is dropped, ``orphan_stage``;
+descriptors still open keep the stage until the last release), or linked (``fs.link``
+commits and settles first, and refuses a file a batch holds). The read records
+(``reads``, ``read_at``) remember what each process read, so that a commit over a version
+it never saw is a stale write (SPEC §6.4; ``path_leaves`` before a path stops naming its
+file).
+
+Concurrency (trio: tasks interleave only at ``await``):
+
+- ``inode.lock`` guards one inode's stage creation and sealing: ``ensure_stage`` and
+  ``commit`` run under it, so a stage is never sealed twice nor replaced mid-seal.
+  ``drop_virtual`` takes it too. Reads take no lock.
+- ``commit`` awaits the seal (hash, gates), the gates again, a refusal's record, a stale
+  read's digest, ``Batches.hold`` and ``Workspace.submit``. Across each, the inode may
+  lose its paths (checked after the seal: ``orphan_stage``), be renamed (gated again as
+  what it is now), or its batch end (``held`` is read again); a handler of another inode
+  or path runs meanwhile.
+- ``ensure_stage`` awaits the copy of the bytes and, for a queued commit, ``settle``
+  (a flush and the commit's ``done``) under ``inode.lock``: a commit point of the same
+  inode waits; handlers that take no lock (a read, ``getattr``, an unlink or rename of
+  the path) run meanwhile.
+- Other locks are taken only through the calls that need them: ``Batch.lock``
+  (``batches.py``) serialises a batch's ``hold``, ``unhold``, ``commit`` and ``abort``;
+  ``Workspace.commit_lock`` serialises the committer's groups, a batch's commit, and each
+  write that keeps an object (a refusal, a stale write's conflict).
+- ``committed`` is called by the committer on the loop, with no await, so ``pending``,
+  ``stage`` and ``fd`` change together.
+- The read records and ``virtual``/``hidden`` are changed with no await between reading
+  and writing them; ``_replaced_read`` awaits a hash of a kept descriptor, which
+  ``_keep_gone`` may close meanwhile: the hash and the conflict each use a duplicate
+  (``borrowed``).
+- The kernel's caches are dropped off the loop (``Kernel``); ``invalidate_now`` is awaited
+  only where no request of ours holds the kernel's lock on the inode (not under fsync).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .batches import Batches
+from .inodes import Inode, InodeTable
+from .objects import EMPTY_DIGEST
+from .workspace import Commit, Stage, Workspace, borrowed, fsdecode, rel
+
+# Stale writes: the (process, file) pairs remembered before all are forgotten, and the
+# replaced files whose bytes are held open, so that a process that read one can be told
+# what it read (the oldest is let go first).
+READS_MAX = 100_000
+GONE_MAX = 256
+
+
+def _refused(code: int) -> OSError:
+    # The FUSE layer answers an OSError with its errno (fs._guard).
+    return OSError(code, os.strerror(code))
+
+
+# rename(2) flags (linux/fs.h), as the kernel passes them to FUSE.
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+
+class Kernel(Protocol):
+    """What the core asks of the kernel's caches; the FUSE layer implements it."""
+
+    def invalidate(self, inode: Inode) -> None:
+        """Drop the inode's cached pages soon (a request of ours may hold its lock)."""
+
+    async def invalidate_now(self, inode: Inode) -> None:
+        """Drop the inode's cached pages before answering."""
+
+    def drop_entry(self, path: bytes) -> None:
+        """Make the kernel look ``path`` up again and list its directory again."""
+
+    def tree_changed(self, path: bytes) -> None:
+        """rwfs itself wrote ``path``: drop what the kernel knows of each level above."""
+
+
+@dataclass(eq=False, slots=True)
+class Gone:
+    """A file its path stopped naming (renamed over or away, removed) while another
+    process had read it there: a descriptor of its bytes, hashed only if that process
+    then writes the path (a stale write's ``read``, and its conflict's base)."""
+
+    fd: int
+    digest: str | None = None
+
+
+@dataclass(eq=False, slots=True)
+class ReadAt:
+    """The file a process last opened to read at a path: its inode and version. Once the
+    path stops naming that file (``replaced``), the digest the process read if it is
+    known (``read``), else the replaced file's bytes (``gone``), and whether the file had
+    changed since the read anyway (``changed``)."""
+
+    ino: int
+    version: int
+    replaced: bool = False
+    read: str | None = None
+    gone: Gone | None = None
+    changed: bool = False
+
+
+class Files:
+    """The stage lifecycle and commit decision of every inode (see the module's doc)."""
+
+    def __init__(self, ws: Workspace, batches: Batches, inodes: InodeTable, kernel: Kernel) -> None:
+        self.ws = ws
+        self.batches = batches
+        self.inodes = inodes
+        self.kernel = kernel
+        # (process, inode) -> the inode's version when that process last opened it to read.
+        self.reads: dict[tuple[int, int], int] = {}
+        # path -> process -> what it read there: a save that replaces the file's inode (a
+        # rename over it, or unlink and create) leaves the path naming another inode.
+        self.read_at: dict[bytes, dict[int, ReadAt]] = {}
+        self.read_at_n = 0
+        self.gone_fds: list[Gone] = []  # holding a descriptor, oldest first (GONE_MAX)
+        # Paths whose bytes are an open batch's draft rather than the tree's file: new
+        # files created in the batch, or a new file renamed over one (Inode.virtual).
+        self.virtual: dict[bytes, Inode] = {}
+        self.hidden: set[bytes] = set()  # paths an open batch deletes: gone from the view
+
+    async def settle(self, inode: Inode) -> None:
+        """Wait until the inode's queued commit is in the tree (a draft an open batch
+        holds stays until the batch commits: there is nothing to wait for)."""
+        while inode.pending is not None and not inode.pending.held:
+            commit = inode.pending
+            await self.ws.sync()
+            await commit.done.wait()
+
+    def queued(self, path: bytes) -> list[Commit]:
+        """The commits at ``path`` or below it that are queued or being applied."""
+        prefix = path + b"/"
+        return [c for c in self.ws.unsettled() if c.path == path or c.path.startswith(prefix)]
+
+    async def settle_below(self, path: bytes) -> None:
+        """Settle the commits at ``path`` and, for a directory, below it: a queued commit
+        names its path, which a rename or removal would make stale."""
+        inode = self.inodes.by_path.get(path)
+        if inode is not None:
+            await self.settle(inode)  # its commit may not be queued yet
+        while busy := self.queued(path):
+            await self.ws.sync()
+            await busy[0].done.wait()
+
+    def committed(self, c: Commit) -> None:
+        """Called by the committer (on the loop) once a queued commit is settled."""
+        inode: Inode | None = c.owner
+        if c.intended is None:  # a batch's deletion (or a restore's), committed or dropped
+            self.hidden.discard(c.path)
+            if c.outcome == "committed" and c.path not in self.virtual:
+                self.gone(c.path)
+            else:
+                self.kernel.drop_entry(c.path)
+            return
+        if inode is None:  # rwfs itself wrote the path (a resumed batch, a conflict's verb)
+            if c.outcome == "committed":
+                self.kernel.tree_changed(c.path)
+            inode = self.inodes.by_path.get(c.path)
+            if inode is not None and c.outcome == "committed":
+                self._new_version(inode, c.stage.expected, str(c.intended), {})
+                if inode.handles == 0 and inode.stage is None and inode.pending is None:
+                    st = os.stat(rel(c.path), dir_fd=self.ws.root_fd, follow_symlinks=False)
+                    self.inodes.rekey(inode, (st.st_dev, st.st_ino))
+                self.kernel.invalidate(inode)
+            return
+        if inode.pending is c:
+            inode.pending = None
+        if inode.virtual and inode.pending is None:
+            self._unvirtual(inode, c.outcome)
+        if inode.stage is c.stage:
+            inode.stage = None
+        elif inode.stage is not None and c.outcome in ("committed", "landed"):
+            # A stage opened on top of a batch's draft: its base is now the tree's bytes.
+            inode.stage.expected = c.intended
+        if c.outcome == "committed":
+            # The stage's descriptor now reaches the live file: keep it as the backing fd.
+            if inode.fd >= 0:
+                os.close(inode.fd)
+            inode.fd, inode.fd_writable = c.stage.fd, True
+            st = os.fstat(inode.fd)
+            self.inodes.rekey(inode, (st.st_dev, st.st_ino))
+        elif c.outcome in ("conflict", "error", "aborted", "noop", "landed", "replaced"):
+            self.kernel.invalidate(inode)
+        self.release_fd(inode)
+
+    def _unvirtual(self, inode: Inode, outcome: str) -> None:
+        """A batch-created file's draft is settled: committed, it is the tree's file now;
+        otherwise (aborted, back to its base bytes, or a file appeared there first) the
+        name shows the tree again."""
+        inode.virtual = False
+        for p in list(inode.paths):
+            if self.virtual.get(p) is inode:
+                del self.virtual[p]
+        if outcome == "committed":
+            return
+        # The kernel holds this inode for the name, and keeps it until an invalidation
+        # that runs later (and never for a descriptor open on it): while the tree has a
+        # file there, this inode stays that file, as an inode whose draft a batch drops
+        # does. Not for a draft a rename replaced: the rename detaches the name itself.
+        if outcome != "replaced" and self._adopt_tree_file(inode):
+            return
+        for p in list(inode.paths):
+            self.inodes.detach(p)
+            self.kernel.drop_entry(p)
+        self.inodes.orphan(inode)
+
+    def _adopt_tree_file(self, inode: Inode) -> bool:
+        """Make a virtual inode whose draft ended the tree's file at its name: its backing
+        key, and a backing descriptor for the handles still open on it. False if the tree
+        has no regular file there, or one another inode stands for (a hard link)."""
+        if len(inode.paths) != 1 or inode.path in self.hidden:
+            return False
+        try:
+            st = os.stat(inode.path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and inode.handles > 0:
+                self.open_backing(inode, writable=False)
+                st = os.fstat(inode.fd)
+        except OSError:
+            return False
+        other = self.inodes.by_key.get((st.st_dev, st.st_ino))
+        if not stat.S_ISREG(st.st_mode) or (other is not None and other is not inode):
+            if inode.fd >= 0:
+                os.close(inode.fd)
+                inode.fd = -1
+            return False
+        self.inodes.rekey(inode, (st.st_dev, st.st_ino))
+        return True
+
+    def gone(self, path: bytes) -> None:
+        gone = self.inodes.detach(path)
+        if gone is not None:
+            self.inodes.orphan(gone)
+        self.kernel.drop_entry(path)
+
+    def release_fd(self, inode: Inode) -> None:
+        if inode.handles == 0 and inode.stage is None and inode.pending is None:
+            if inode.fd >= 0:
+                os.close(inode.fd)
+                inode.fd = -1
+            self.inodes.maybe_drop(inode)
+
+    def open_backing(self, inode: Inode, writable: bool) -> None:
+        if inode.fd >= 0 and (inode.fd_writable or not writable):
+            return
+        flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            fd = os.open(rel(inode.path), flags | os.O_RDWR, dir_fd=self.ws.root_fd)
+            w = True
+        except OSError as exc:
+            if writable or exc.errno not in (
+                errno.EACCES,
+                errno.EROFS,
+                errno.ETXTBSY,
+                errno.EISDIR,
+            ):
+                raise
+            fd = os.open(rel(inode.path), flags | os.O_RDONLY, dir_fd=self.ws.root_fd)
+            w = False
+        if inode.fd >= 0:
+            os.close(inode.fd)
+        inode.fd, inode.fd_writable = fd, w
+
+    async def ensure_stage(self, inode: Inode, truncate: bool = False) -> None:
+        """Give the inode an open (unsealed) stage, settling a queued commit first."""
+        async with inode.lock:
+            while inode.stage is None or inode.stage.sealed:
+                held = inode.pending
+                if held is not None and held.held:
+                    # A draft an open batch holds: build on it, against the batch's base.
+                    inode.stage = await self.ws.new_stage(held.stage.fd, truncate)
+                    inode.stage.expected = held.stage.expected
+                    continue
+                if held is not None:
+                    await self.settle(inode)
+                    continue
+                self.open_backing(inode, writable=False)
+                inode.stage = await self.ws.new_stage(inode.fd, truncate)
+
+    def orphan_stage(self, inode: Inode) -> None:
+        """Unlinked while open: nothing to commit. The stage holds the file's bytes for the
+        descriptors still open (POSIX keeps an unlinked file readable and writable until
+        its last close), so only the last release drops it."""
+        if inode.handles == 0 and inode.stage is not None:
+            self.ws.drop_stage(inode.stage)
+            inode.stage = None
+
+    @contextlib.contextmanager
+    def letting_go(self, inode: Inode, held: Commit) -> Iterator[None]:
+        """Around a change that ends the batch's draft of a file (its deletion, or the
+        batch forgetting the file): descriptors still open on the file read and write the
+        draft's bytes until their last close, as POSIX keeps a removed file, so the batch
+        lets go of the stage rather than dropping it; the last release drops it
+        (``orphan_stage``). Undone if the change fails."""
+        stage = held.stage
+        if inode.stage is not stage:
+            yield  # the inode has a stage of its own (or none)
+            return
+        if inode.handles > 0:
+            stage.sealed = False
+            held.stage = Stage(-1, b"", stage.expected)
+        else:
+            inode.stage = None
+        try:
+            yield
+        except BaseException:
+            held.stage, inode.stage, stage.sealed = stage, stage, True
+            raise
+
+    async def drop_virtual(self, inode: Inode) -> None:
+        """Unlink of a file the open batch created: the batch forgets it, or, if it stood
+        in for a file of the tree (removed and made again, or a temporary file renamed
+        over it), deletes that file; descriptors still open keep reading and writing its
+        stage until their last close."""
+        held = inode.pending
+        async with inode.lock:
+            path = inode.path
+            for p in list(inode.paths):
+                self.virtual.pop(p, None)
+                self.inodes.detach(p)
+            inode.virtual = False
+            self.inodes.orphan(inode)
+            if held is not None and held.held:
+                batch = self.batches.all[str(held.batch)]
+                with self.letting_go(inode, held):
+                    if held.stage.expected is None:
+                        await self.batches.unhold(batch, held.path)
+                    else:
+                        await self.batches.hide(batch, held.path, held.stage.expected)
+                        self.hidden.add(held.path)
+            elif (deleting := self.batches.holding(path)) is not None:
+                if deleting.held[path].intended is None:  # made where the batch deletes one
+                    self.hidden.add(path)
+            self.orphan_stage(inode)
+
+    def journaled(
+        self, path: bytes, st: os.stat_result | None = None, is_dir: bool = False
+    ) -> bool:
+        if self.ws.policy.is_passthrough(path, is_dir):
+            return False
+        if st is not None and stat.S_ISREG(st.st_mode):
+            # A hard-linked file is written in place: replacing it by rename would split
+            # the link (docs/architecture.md).
+            return st.st_size <= self.ws.policy.max_journaled_bytes and st.st_nlink == 1
+        return True
+
+    async def hide(self, path: bytes, inode: Inode | None, who: dict[str, Any]) -> bool:
+        """Unlink by a writer an open batch takes (or of a file it holds): the deletion
+        waits for the batch's commit, the file is gone from the view now. False if the
+        unlink is not the batch's."""
+        held = inode.pending if inode is not None and inode.pending is not None else None
+        batch = self.batches.all.get(str(held.batch)) if held and held.held else None
+        batch = batch or self.batches.for_writer(who)
+        if batch is None or path in self.hidden:
+            return False
+        if inode is not None and not (held and held.held):
+            await self.settle(inode)  # the batch's base is the file's committed bytes
+        st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        if not (stat.S_ISREG(st.st_mode) and self.journaled(path, st)):
+            return False
+        if held is not None and held.held:
+            assert inode is not None
+            with self.letting_go(inode, held):
+                await self.batches.hide(batch, path, held.stage.expected)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
+            try:
+                base = await self.ws.digest(fd)
+            finally:
+                os.close(fd)
+            await self.batches.hide(batch, path, base)
+        self.hidden.add(path)
+        gone = self.inodes.detach(path)
+        if gone is not None:
+            self.inodes.orphan(gone)
+        return True
+
+    def batch_rename(self, src: bytes, dst: bytes, who: dict[str, Any]) -> bool:
+        if src in self.hidden or dst in self.hidden:
+            return True
+        held = [self.inodes.by_path.get(p) for p in (src, dst)]
+        if any(i is not None and i.pending is not None and i.pending.held for i in held):
+            return True
+        if self.batches.for_writer(who) is None:
+            return False
+        try:
+            st = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and self.journaled(src, st)
+
+    async def rename_virtual(self, src: bytes, dst: bytes, flags: int, who: dict[str, Any]) -> None:
+        """Rename of a file an open batch created: within the batch, the draft now stands
+        for ``dst`` (a new file there, or new bytes for the file there: the write-a-temp-
+        then-rename pattern). Anything else involving such a file is EXDEV, which makes
+        mv and most tools copy instead."""
+        inode = self.virtual.get(src)
+        if inode is None or flags & RENAME_EXCHANGE:
+            raise _refused(errno.EXDEV)
+        target = self.virtual.get(dst)
+        real = None
+        if target is None:
+            try:
+                real = os.stat(dst, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+        shown = target is not None or (real is not None and dst not in self.hidden)
+        if shown and flags & RENAME_NOREPLACE:
+            raise _refused(errno.EEXIST)
+        if real is not None and not (stat.S_ISREG(real.st_mode) and self.journaled(dst, real)):
+            raise _refused(errno.EXDEV)
+        if inode.pending is None or not inode.pending.held:
+            await self.commit(inode, who)  # its bytes join the batch first
+        held = inode.pending
+        if held is None or not held.held or self.virtual.get(src) is not inode:
+            raise _refused(errno.EXDEV)
+        old = target or self.inodes.by_path.get(dst)
+        if old is not None and target is None:
+            await self.settle(old)  # the batch's base is the file's committed bytes
+        old_held = self.held(old) if old is not None else None
+        base = None
+        if old_held is not None:
+            base = old_held.stage.expected  # the batch's base of dst
+        elif real is not None:
+            fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
+            try:
+                base = await self.ws.digest(fd)
+            finally:
+                os.close(fd)
+        if shown:
+            # As outside a batch, a rename onto a file is a commit of it: the gates judge
+            # the draft against what the mount shows there.
+            await self._gate_virtual_rename(held, dst, old_held, base, who)
+            if self.virtual.get(src) is not inode or inode.pending is not held or not held.held:
+                raise _refused(errno.EXDEV)  # the batch ended meanwhile
+        batch = self.batches.all[str(held.batch)]
+        src_base = held.stage.expected  # not None: src was a file of the tree, deleted
+        if old is not None and old_held is not None:
+            with self.letting_go(old, old_held):  # its open descriptors keep its draft
+                await self.batches.retarget(batch, held, dst, base)
+        else:
+            await self.batches.retarget(batch, held, dst, base)
+        if old is not None:
+            self.virtual.pop(dst, None)
+            self.inodes.detach(dst)
+            self.inodes.orphan(old)
+        self.hidden.discard(dst)
+        del self.virtual[src]
+        self.inodes.move(src, dst)
+        self.virtual[dst] = inode
+        if src_base is not None:
+            # The file the batch made at src replaced one of the tree (removed, then
+            # created again): moving it away leaves that one deleted.
+            await self.batches.hide(batch, src, src_base)
+            self.hidden.add(src)
+
+    async def _gate_virtual_rename(
+        self,
+        held: Commit,
+        dst: bytes,
+        old_held: Commit | None,
+        base: str | None,
+        who: dict[str, Any],
+    ) -> None:
+        """``gate_rename`` for a batch's draft renamed onto a file the mount shows: its
+        own draft, or the tree's file."""
+        fd = -1
+        if old_held is None and dst not in self.virtual:  # (a new file of the batch: empty)
+            fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.ws.root_fd)
+        try:
+            old_fd = old_held.stage.fd if old_held is not None else fd
+            findings = await self.ws.run_gates(dst, old_fd, held.stage.fd)
+            if any(f.action == "reject" for f in findings):
+                shown = old_held.intended if old_held is not None else base
+                with borrowed(held.stage.fd) as (new_fd,):
+                    raise await self.ws.refuse(
+                        dst, new_fd, shown, str(held.intended), findings, who
+                    )
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    async def gate_rename(self, src: bytes, dst: bytes, who: dict[str, Any]) -> None:
+        """A rename onto a journaled file is a commit of it: the gates see the moved bytes,
+        and a refusal fails the rename() with both files as they were."""
+        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        new_fd = os.open(src, how, dir_fd=self.ws.root_fd)
+        try:
+            old_fd = os.open(dst, how, dir_fd=self.ws.root_fd)
+            try:
+                findings = await self.ws.run_gates(dst, old_fd, new_fd)
+                if any(f.action == "reject" for f in findings):
+                    expected, intended = await self.ws.digest(old_fd), await self.ws.digest(new_fd)
+                    raise await self.ws.refuse(dst, new_fd, expected, intended, findings, who)
+            finally:
+                os.close(old_fd)
+        finally:
+            os.close(new_fd)
+
+    async def commit(self, inode: Inode, ctx_info: dict[str, Any], wait: bool = False) -> None:
+        """A commit point (SPEC §3.2 step 2): seal the stage and hand it to the committer."""
+        async with inode.lock:
+            stage = inode.stage
+            if stage is None or stage.sealed:
+                if wait:
+                    await self.settle(inode)
+                return
+            if not inode.paths:
+                self.orphan_stage(inode)
+                return
+            stage.sealed = True  # atomic: set before the first await, so writers wait
+            # The gates judge the new bytes against what the mount showed: the tree's file,
+            # or the draft of it an open batch holds. A new (empty) file has nothing a write
+            # could break: only the secrets gate has something to look at.
+            gated = inode.path
+            held_before = self.held(inode)
+            shown, base_fd = self._shown(inode, held_before, stage)
+            gate = shown != EMPTY_DIGEST or self.ws.policy.gate("secrets", gated)["action"] != "off"
+            intended, size, findings = await self.ws.seal(stage, (gated, base_fd) if gate else None)
+            if not inode.paths:  # unlinked during the seal
+                stage.sealed = False
+                self.orphan_stage(inode)
+                return
+            path = inode.path
+            held = self.held(inode)
+            shown, base_fd = self._shown(inode, held, stage)
+            if held is not None and intended in (held.intended, stage.expected):
+                # The batch's draft again, or the batch's base again (no change left).
+                self.ws.drop_stage(stage)
+                inode.stage = held.stage
+                if intended == stage.expected:
+                    await self.batches.unhold(self.batches.all[str(held.batch)], path)
+                return
+            if intended == stage.expected:
+                self.ws.drop_stage(stage)
+                inode.stage = None
+                os.utime(rel(path), dir_fd=self.ws.root_fd, follow_symlinks=False)
+                self.ws.record(
+                    {
+                        "op": "noop",
+                        "path": fsdecode(path),
+                        "batch": None,
+                        "intended": intended,
+                        **ctx_info,
+                    }
+                )
+                self.ws.stats.count("noops")
+                return
+            if path != gated or held is not held_before:
+                # Renamed during the seal, or the batch ended meanwhile: gate it as what it
+                # is now, against what the mount shows now.
+                findings = await self.ws.run_gates(path, base_fd, stage.fd)
+            if any(f.action == "reject" for f in findings):
+                # Refused: the draft is kept, the stage goes, the file reads as before.
+                err = await self.ws.refuse(path, stage.fd, shown, intended, findings, ctx_info)
+                await self._unstage(inode, held, stage)
+                if wait:
+                    # fsync(): the kernel holds the inode's lock until we answer, and
+                    # invalidating needs it, so it runs after the answer.
+                    self.kernel.invalidate(inode)
+                else:
+                    await self.kernel.invalidate_now(inode)  # a reread must not see the draft
+                raise err
+            info = dict(ctx_info)
+            if findings:
+                info["warnings"] = [
+                    {"gate": f.gate, "message": f.message, **f.details} for f in findings
+                ]
+            stale, read_fd = self._stale_read(inode, ctx_info), -1
+            if stale is None:
+                stale, read_fd = await self._replaced_read(inode, path, ctx_info, shown)
+            if stale is not None:
+                if self.ws.policy.stale_write == "conflict":
+                    with borrowed(read_fd) as (rfd,):  # eviction may close the original
+                        err = await self.ws.stale_conflict(
+                            path,
+                            stage,
+                            intended,
+                            stale or None,
+                            ctx_info,
+                            actual=(shown, base_fd),
+                            batch=held.batch if held is not None else None,
+                            read_fd=rfd,
+                        )
+                    await self._unstage(inode, held, stage)
+                    if wait:
+                        self.kernel.invalidate(inode)
+                    else:
+                        await self.kernel.invalidate_now(inode)
+                    raise err
+                info.setdefault("warnings", []).append(
+                    {
+                        "gate": "stale_write",
+                        "message": "this process read an older version of the file than "
+                        "the one it replaced: a change made meanwhile may be lost",
+                        "read": stale or None,
+                    }
+                )
+                self.ws.stats.count("stale_writes")
+            self._new_version(inode, shown, intended, ctx_info)
+            commit = Commit(path, stage, intended, size, info, owner=inode)
+            # A file an open batch holds stays in it, whoever writes it (every writer
+            # built on the draft); otherwise the batch whose scope the writer is in.
+            batch = self.batches.all.get(str(held.batch)) if held else None
+            if batch is None and inode.virtual:  # made again where the batch deletes a file
+                batch = self.batches.holding(path)
+            batch = batch or self.batches.for_writer(ctx_info)
+            if batch is not None and await self.batches.hold(batch, commit, wait):
+                inode.pending = commit
+                return
+            inode.pending = commit
+            try:
+                await self.ws.submit(commit, wait)
+            except BaseException:
+                # Refused before the committer took it (e.g. the journal is unavailable):
+                # nothing was written, so the stage goes and the file reads as before.
+                if inode.pending is commit and not self.ws.is_queued(commit):
+                    inode.pending = None
+                    if inode.stage is stage:
+                        inode.stage = None
+                    self.ws.drop_stage(stage)
+                    self.kernel.invalidate(inode)
+                raise
+
+    @staticmethod
+    def held(inode: Inode) -> Commit | None:
+        """The draft of the file an open batch holds, if it holds one."""
+        return inode.pending if inode.pending is not None and inode.pending.held else None
+
+    @staticmethod
+    def _shown(inode: Inode, held: Commit | None, stage: Stage) -> tuple[str | None, int]:
+        """What the mount showed of the file before this stage: (digest, a descriptor of
+        its bytes, -1 for none). A batch's draft if it holds one; else the tree's file,
+        which for a file the batch creates is an empty one."""
+        if held is not None:
+            return held.intended, held.stage.fd
+        if inode.virtual:
+            return EMPTY_DIGEST, -1
+        return stage.expected, inode.fd
+
+    async def _unstage(self, inode: Inode, held: Commit | None, stage: Stage) -> None:
+        """A refused commit point: its stage goes and the file shows what it showed
+        before: the batch's draft, the tree's file, or, for a file an open batch created
+        and holds no draft of yet, an empty file (as a refused first write leaves a new
+        file outside a batch)."""
+        st = os.fstat(stage.fd)
+        self.ws.drop_stage(stage)
+        if held is not None:
+            inode.stage = held.stage
+        elif inode.virtual and inode.paths:
+            # Unsealed: the last release commits it, so the batch holds the empty file.
+            inode.stage = await self.ws.empty_stage(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+        else:
+            inode.stage = None
+
+    def _stale_read(self, inode: Inode, who: dict[str, Any]) -> str | None:
+        """A lost update (SPEC §6.4): the digest this process last read of the file ("" if
+        it is no longer known), if another process changed the file since; else None."""
+        if self.ws.policy.stale_write == "off":
+            return None
+        seen = self.reads.get((who.get("pid", 0), inode.ino))
+        if seen is None or seen == inode.version:
+            return None
+        return inode.digests.get(seen) or ""  # "": a version too old to be remembered
+
+    async def _replaced_read(
+        self, inode: Inode, path: bytes, who: dict[str, Any], shown: str | None
+    ) -> tuple[str | None, int]:
+        """A lost update over a replaced file (SPEC §6.4): this process read ``path``,
+        then another process replaced the file there (``_path_leaves``), and what it read
+        is not what the path holds now. Returns (the digest it read, "" if it is no longer
+        known, or None: not stale; a descriptor of those bytes or -1)."""
+        if self.ws.policy.stale_write == "off":
+            return None, -1
+        rec = self.read_at.get(path, {}).get(who.get("pid", 0))
+        if rec is None or not rec.replaced or rec.ino == inode.ino:
+            return None, -1  # (the file it read may be back at its path)
+        read, gone = rec.read, rec.gone
+        if read is None and gone is not None:
+            if gone.digest is None and gone.fd >= 0:
+                try:
+                    gone.digest = await self.ws.digest(gone.fd)  # off the loop
+                except OSError:
+                    pass
+            read = gone.digest
+        if read is not None and read == shown:
+            return None, -1  # replaced by the very bytes it read: nothing is lost
+        if read is None and not rec.changed:
+            return None, -1  # its bytes were let go (GONE_MAX): never a false stale write
+        return read or "", gone.fd if gone is not None and read is not None else -1
+
+    def opened_to_read(self, pid: int, inode: Inode) -> None:
+        """Process ``pid`` opened the file to read: remember which version it read."""
+        if len(self.reads) > READS_MAX or self.read_at_n > READS_MAX:
+            self._forget_reads()
+        self.reads[(pid, inode.ino)] = inode.version
+        self._note_read(pid, inode)
+
+    def _note_read(self, pid: int, inode: Inode) -> None:
+        at = self.read_at.setdefault(inode.path, {})
+        if pid not in at:
+            self.read_at_n += 1
+        at[pid] = ReadAt(inode.ino, inode.version)
+
+    def _forget_reads(self) -> None:
+        """The memory of reads is bounded: past READS_MAX pairs, all are forgotten."""
+        self.reads.clear()
+        self.read_at.clear()
+        self.read_at_n = 0
+        for gone in self.gone_fds:
+            os.close(gone.fd)
+            gone.fd = -1
+        self.gone_fds.clear()
+
+    def path_made(self, path: bytes, ino: int, pid: int) -> None:
+        """Process ``pid`` made the file at ``path``: where it had read a file another
+        process removed since, writing its new file loses nothing of anyone's."""
+        at = self.read_at.get(path)
+        inode = self.inodes.get(ino)
+        if at and pid in at and inode is not None:
+            at[pid] = ReadAt(inode.ino, inode.version)
+
+    def path_leaves(self, path: bytes, actor: int, now: Inode | None = None) -> None:
+        """``path`` is about to stop naming its file (renamed over or away, removed; an
+        exchange): a process that read the file there and then writes the path would
+        write over a file it never read. Called before the syscall, while the path still
+        names the file: if the syscall fails, the path names the inode each reader read
+        and ``_replaced_read`` finds nothing stale. The changing process's own change is
+        no stale write: its record follows the file it put there (``now``), if any;
+        ``actor`` is that process."""
+        at = self.read_at.get(path)
+        if not at:
+            return
+        mine = at.pop(actor, None)
+        if mine is not None:
+            if now is not None and not now.is_dir:
+                at[actor] = ReadAt(now.ino, now.version)
+            else:
+                self.read_at_n -= 1
+        inode = self.inodes.by_path.get(path)
+        if inode is None:
+            return
+        gone: Gone | None = None
+        for pid, rec in at.items():
+            # Replaced once already (it keeps what it read then), or read as an inode
+            # the kernel has forgotten since: not known to be this file.
+            if pid == actor or rec.replaced or rec.ino != inode.ino:
+                continue
+            rec.replaced = True
+            rec.changed = rec.version != inode.version
+            rec.read = inode.digests.get(rec.version)
+            if rec.read is None and not rec.changed:
+                # Never committed through the mount: its bytes tell what was read.
+                gone = gone or self._keep_gone(path)
+                rec.gone = gone
+
+    def _keep_gone(self, path: bytes) -> Gone | None:
+        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            gone = Gone(os.open(path, how, dir_fd=self.ws.root_fd))
+        except OSError:
+            return None
+        self.gone_fds.append(gone)
+        if len(self.gone_fds) > GONE_MAX:
+            old = self.gone_fds.pop(0)
+            os.close(old.fd)
+            old.fd = -1
+        return gone
+
+    def _new_version(self, inode: Inode, old: str | None, new: str, who: dict[str, Any]) -> None:
+        inode.digests[inode.version] = old
+        inode.version += 1
+        inode.digests[inode.version] = new
+        inode.digests.pop(inode.version - 16, None)
+        pid = who.get("pid", 0)
+        key = (pid, inode.ino)
+        if key in self.reads:  # a writer has seen its own bytes
+            self.reads[key] = inode.version
+        for path in inode.paths:
+            at = self.read_at.get(path)
+            if at is not None and pid in at:
+                at[pid] = ReadAt(inode.ino, inode.version)

@@ -1,0 +1,350 @@
+"""The commit decision (``files.Files``, SPEC §3.2) in-process, without a mount: a real
+``Workspace`` on a temporary tree, the committer running in trio, and a fake kernel that
+records what the core asked of it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from rwfs.batches import Batches
+from rwfs.files import Files
+from rwfs.inodes import Inode, InodeTable
+from rwfs.policy import Policy
+from rwfs.store import Store
+from rwfs.workspace import RwfsError, Workspace
+
+WHO = {"pid": 4242, "comm": "test", "uid": os.getuid()}
+
+
+class FakeKernel:
+    """Records each request the core makes of the kernel's caches."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def invalidate(self, inode: Inode) -> None:
+        self.calls.append(("invalidate", inode.ino))
+
+    async def invalidate_now(self, inode: Inode) -> None:
+        self.calls.append(("invalidate_now", inode.ino))
+
+    def drop_entry(self, path: bytes) -> None:
+        self.calls.append(("drop_entry", path))
+
+    def tree_changed(self, path: bytes) -> None:
+        self.calls.append(("tree_changed", path))
+
+
+class Core:
+    def __init__(self, ws: Workspace, tree: Path) -> None:
+        self.ws = ws
+        self.tree = tree
+        self.batches = Batches(ws)
+        st = os.fstat(ws.root_fd)
+        self.inodes = InodeTable((st.st_dev, st.st_ino), first_free=2)
+        self.kernel = FakeKernel()
+        self.files = Files(ws, self.batches, self.inodes, self.kernel)
+        ws.on_committed = self.files.committed
+        ws.on_gone = self.files.gone
+
+    def inode(self, name: str) -> Inode:
+        path = name.encode()
+        return self.inodes.resolve(path, os.stat(self.tree / name, follow_symlinks=False))
+
+    async def write(self, inode: Inode, data: bytes) -> None:
+        """What a write through the mount does: open a stage, write into it (from 0)."""
+        inode.handles += 1  # an open handle, as fs.open counts it
+        await self.files.ensure_stage(inode, truncate=True)
+        assert inode.stage is not None
+        os.pwrite(inode.stage.fd, data, 0)
+        inode.stage.wrote(0, len(data))
+
+    async def close(self, inode: Inode, wait: bool = False) -> None:
+        """The handle's commit point, then its release."""
+        try:
+            await self.files.commit(inode, WHO, wait)
+        finally:
+            inode.handles -= 1
+            self.files.release_fd(inode)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "tree"
+    (root / ".rw").mkdir(parents=True)
+    return root
+
+
+Run = Callable[[Path, Callable[["Core"], Awaitable[None]]], "Core"]
+
+
+@pytest.fixture
+def run() -> Any:
+    """Run ``body`` with a core over ``tree``, the committer running; the journal stays
+    open until the test ends, for its assertions."""
+    opened: list[Any] = []
+
+    def go(tree: Path, body: Callable[[Core], Awaitable[None]]) -> Core:
+        root_fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+        state_fd = os.open(tree / ".rw", os.O_RDONLY | os.O_DIRECTORY)
+        store = Store(str(tree / ".rw" / "journal"))
+        opened.append((store, root_fd, state_fd))
+        ws = Workspace(root_fd, state_fd, store, Policy())
+        core = Core(ws, tree)
+
+        async def main() -> None:
+            ws.open_intents()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ws.run_committer)
+                try:
+                    await body(core)
+                finally:
+                    await ws.close()
+                    nursery.cancel_scope.cancel()
+
+        trio.run(main)
+        return core
+
+    yield go
+    for store, root_fd, state_fd in opened:
+        store.close()
+        os.close(root_fd)
+        os.close(state_fd)
+
+
+def ops(core: Core, path: str) -> list[str]:
+    return [e["op"] for e in core.ws.store.events(path=path)]
+
+
+def test_same_bytes_are_a_noop_and_nothing_is_queued(tree: Path, run: Run) -> None:
+    (tree / "a.txt").write_bytes(b"same\n")
+    before = os.stat(tree / "a.txt").st_ino
+
+    async def body(core: Core) -> None:
+        i = core.inode("a.txt")
+        await core.write(i, b"same\n")
+        await core.close(i)
+        assert i.stage is None and i.pending is None  # dropped at once, nothing queued
+        assert core.ws.unsettled() == []
+
+    core = run(tree, body)
+    assert (tree / "a.txt").read_bytes() == b"same\n"
+    assert os.stat(tree / "a.txt").st_ino == before  # never replaced
+    assert ops(core, "a.txt") == ["noop"]
+    assert os.listdir(tree / ".rw" / "staging") == []
+
+
+def test_a_gate_refusal_keeps_the_file_and_drops_the_kernels_pages(tree: Path, run: Run) -> None:
+    good = b"def f():\n    return 1\n"
+    (tree / "m.py").write_bytes(good)
+    refused: list[RwfsError] = []
+
+    async def body(core: Core) -> None:
+        i = core.inode("m.py")
+        await core.write(i, b"def f(:\n    return 1\n")
+        with pytest.raises(RwfsError) as exc:
+            await core.close(i)
+        refused.append(exc.value)
+        assert i.stage is None and i.pending is None  # the file reads as before
+        assert ("invalidate_now", i.ino) in core.kernel.calls  # a reread must not see the draft
+        assert i.version == 0  # no new version: nothing changed
+
+    core = run(tree, body)
+    assert refused and refused[0].errno != 0
+    assert (tree / "m.py").read_bytes() == good
+    assert ops(core, "m.py") == ["refuse"]
+    assert os.listdir(tree / ".rw" / "staging") == []
+
+
+def test_a_commit_is_queued_then_committed_and_the_inode_follows_the_live_file(
+    tree: Path, run: Run
+) -> None:
+    (tree / "b.txt").write_bytes(b"old\n")
+    seen: dict[str, Any] = {}
+
+    async def body(core: Core) -> None:
+        i = core.inode("b.txt")
+        await core.write(i, b"new\n")
+        await core.files.commit(i, WHO)
+        seen["queued"] = i.pending is not None and core.ws.is_queued(i.pending)
+        seen["before_sync"] = (tree / "b.txt").read_bytes()
+        await core.ws.sync()
+        await core.files.settle(i)
+        seen["pending"], seen["stage"] = i.pending, i.stage
+        seen["version"] = i.version
+        # The committed stage's descriptor is the backing file now, the inode rekeyed.
+        st = os.stat(tree / "b.txt")
+        seen["backing"] = os.fstat(i.fd).st_ino == st.st_ino
+        seen["keyed"] = core.inodes.by_key.get((st.st_dev, st.st_ino)) is i
+        i.handles -= 1
+        core.files.release_fd(i)
+        seen["closed"] = i.fd
+
+    core = run(tree, body)
+    assert seen["queued"] is True
+    assert seen["before_sync"] == b"old\n"  # queued: the tree unchanged until the flush
+    assert seen["pending"] is None and seen["stage"] is None
+    assert seen["version"] == 1
+    assert seen["backing"] is True and seen["keyed"] is True
+    assert seen["closed"] == -1
+    assert (tree / "b.txt").read_bytes() == b"new\n"
+    assert ops(core, "b.txt") == ["write"]
+
+
+def test_an_open_batch_holds_the_commit_until_it_commits(tree: Path, run: Run) -> None:
+    (tree / "c.txt").write_bytes(b"base\n")
+    seen: dict[str, Any] = {}
+
+    async def body(core: Core) -> None:
+        batch = await core.batches.open(b"work", WHO)
+        i = core.inode("c.txt")
+        await core.write(i, b"draft 1\n")
+        await core.close(i)
+        held = core.files.held(i)
+        seen["held"] = held is not None and held.batch == "work"
+        seen["live"] = (tree / "c.txt").read_bytes()
+        # The next write builds on the batch's draft, against the batch's base.
+        assert held is not None
+        i.handles += 1
+        await core.files.ensure_stage(i)
+        assert i.stage is not None and i.stage is not held.stage
+        seen["from_draft"] = os.pread(i.stage.fd, 100, 0)
+        os.pwrite(i.stage.fd, b"draft 2\n", 0)
+        i.stage.wrote(0, 8)
+        await core.close(i)
+        now = core.files.held(i)
+        seen["one_draft"] = list(batch.held) == [b"c.txt"] and batch.held[b"c.txt"] is now
+        seen["intended"] = now.intended if now is not None else None
+        await core.batches.commit(batch)
+        await core.ws.sync()
+        seen["after"] = i.pending
+
+    run(tree, body)
+    assert seen["held"] is True
+    assert seen["live"] == b"base\n"  # held: the tree keeps its bytes until the batch commits
+    assert seen["from_draft"] == b"draft 1\n"
+    assert seen["one_draft"] is True  # the batch's draft of the file replaced, not added
+    assert seen["intended"] == "sha256:" + hashlib.sha256(b"draft 2\n").hexdigest()
+    assert seen["after"] is None
+    assert (tree / "c.txt").read_bytes() == b"draft 2\n"
+
+
+def test_a_batch_draft_back_to_its_base_is_let_go(tree: Path, run: Run) -> None:
+    (tree / "d.txt").write_bytes(b"base\n")
+    seen: dict[str, Any] = {}
+
+    async def body(core: Core) -> None:
+        batch = await core.batches.open(b"back", WHO)
+        i = core.inode("d.txt")
+        await core.write(i, b"changed\n")
+        await core.close(i)
+        seen["held"] = b"d.txt" in batch.held
+        await core.write(i, b"base\n")
+        await core.close(i)
+        seen["after"] = b"d.txt" in batch.held
+        seen["pending"] = i.pending
+
+    run(tree, body)
+    assert seen["held"] is True
+    assert seen["after"] is False and seen["pending"] is None  # no change left to hold
+    assert (tree / "d.txt").read_bytes() == b"base\n"
+
+
+def test_a_stage_unlinked_before_its_commit_point_is_dropped_not_committed(
+    tree: Path, run: Run
+) -> None:
+    (tree / "e.txt").write_bytes(b"old\n")
+    seen: dict[str, Any] = {}
+
+    async def body(core: Core) -> None:
+        i = core.inode("e.txt")
+        await core.write(i, b"new\n")
+        os.unlink(tree / "e.txt")
+        core.inodes.detach(b"e.txt")
+        i.handles -= 1  # the last handle: its commit point finds no path
+        await core.files.commit(i, WHO)
+        seen["stage"], seen["pending"] = i.stage, i.pending
+
+    core = run(tree, body)
+    assert seen["stage"] is None and seen["pending"] is None
+    assert not (tree / "e.txt").exists()
+    assert ops(core, "e.txt") == []
+    assert os.listdir(tree / ".rw" / "staging") == []
+
+
+def test_a_batchs_new_file_is_virtual_until_the_batch_commits(tree: Path, run: Run) -> None:
+    seen: dict[str, Any] = {}
+
+    async def body(core: Core) -> None:
+        batch = await core.batches.open(b"new", WHO)
+
+        async def create(name: bytes, data: bytes) -> Inode:
+            # What fs.create does for a writer an open batch takes: only a stage.
+            i = core.inodes.add_virtual(name)
+            i.stage = await core.ws.empty_stage(0o644, os.getuid(), os.getgid())
+            core.files.virtual[name] = i
+            i.handles += 1
+            os.pwrite(i.stage.fd, data, 0)
+            i.stage.wrote(0, len(data))
+            await core.close(i)
+            return i
+
+        kept = await create(b"kept.txt", b"kept\n")
+        dropped = await create(b"dropped.txt", b"dropped\n")
+        seen["held"] = sorted(batch.held)
+        seen["in_tree"] = sorted(os.listdir(tree))
+        await core.files.drop_virtual(dropped)  # unlink of the batch's new file
+        seen["after_drop"] = sorted(batch.held)
+        seen["virtual"] = sorted(core.files.virtual)
+        await core.batches.commit(batch)
+        seen["kept"] = (kept.virtual, kept.pending, b"kept.txt" in core.files.virtual)
+
+    run(tree, body)
+    assert seen["held"] == [b"dropped.txt", b"kept.txt"]
+    assert seen["in_tree"] == [".rw"]  # held: nothing in the tree before the batch commits
+    assert seen["after_drop"] == [b"kept.txt"]  # the batch forgot the dropped file
+    assert seen["virtual"] == [b"kept.txt"]
+    assert seen["kept"] == (False, None, False)  # committed: the tree's file now
+    assert sorted(os.listdir(tree)) == [".rw", "kept.txt"]
+    assert (tree / "kept.txt").read_bytes() == b"kept\n"
+
+
+def test_an_unlink_a_batch_takes_hides_the_file_until_the_batch_commits(
+    tree: Path, run: Run
+) -> None:
+    (tree / "gone.txt").write_bytes(b"bytes\n")
+    (tree / "other.txt").write_bytes(b"other\n")
+    seen: dict[str, Any] = {}
+
+    async def body(core: Core) -> None:
+        outside = await core.files.hide(b"other.txt", core.inode("other.txt"), WHO)
+        seen["outside"] = (outside, sorted(core.files.hidden))
+        batch = await core.batches.open(b"rm", WHO)
+        i = core.inode("gone.txt")
+        seen["hidden"] = await core.files.hide(b"gone.txt", i, WHO)
+        seen["view"] = (sorted(core.files.hidden), b"gone.txt" in core.inodes.by_path)
+        seen["entry"] = batch.held[b"gone.txt"].intended
+        seen["in_tree"] = (tree / "gone.txt").exists()
+        # Any rename a batch would have to take is EXDEV (mv copies instead).
+        seen["rename"] = core.files.batch_rename(b"other.txt", b"moved.txt", WHO)
+        await core.batches.commit(batch)
+        seen["after"] = sorted(core.files.hidden)
+
+    core = run(tree, body)
+    assert seen["outside"] == (False, [])  # no open batch: an ordinary unlink
+    assert seen["hidden"] is True
+    assert seen["view"] == ([b"gone.txt"], False)  # gone from the view
+    assert seen["entry"] is None  # the batch holds a deletion
+    assert seen["in_tree"] is True  # the real file stays until the batch commits
+    assert seen["rename"] is True
+    assert seen["after"] == []
+    assert not (tree / "gone.txt").exists()
+    assert ("drop_entry", b"gone.txt") in core.kernel.calls  # the kernel looks it up again
+    assert (tree / "other.txt").read_bytes() == b"other\n"
