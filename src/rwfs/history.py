@@ -78,6 +78,7 @@ class History:
         # path -> [(lsn, source)]: at lsn, the file at source was renamed to path.
         self.origins: dict[bytes, list[tuple[int, bytes]]] = {}
         self._listed: tuple[int, set[bytes]] | None = None
+        self._holding: tuple[int, dict[str, list[bytes]]] | None = None  # digest -> paths
         self.moved_away: set[bytes] = set()  # paths whose file was last renamed elsewhere
         self.lock = threading.RLock()
 
@@ -222,7 +223,14 @@ class History:
     def holders(self, digest: str) -> list[bytes]:
         """The paths whose file the journal last saw holding ``digest``."""
         self.refresh()
-        return [p for p, got in self.paths.items() if got and got[-1].digest == digest]
+        if self._holding is None or self._holding[0] != self.lsn:
+            # One pass per change of the journal, not one per version listed.
+            index: dict[str, list[bytes]] = {}
+            for p, got in self.paths.items():
+                if got and got[-1].digest is not None:
+                    index.setdefault(got[-1].digest, []).append(p)
+            self._holding = (self.lsn, index)
+        return list(self._holding[1].get(digest, ()))
 
     @_locked
     def children(self, prefix: bytes, listed: bool = False) -> set[bytes]:
