@@ -687,16 +687,8 @@ class Batches:
     def _keep_base(self, c: Commit) -> None:
         """Keep a copy of the bytes a path holds before the batch replaces them: a hard
         link (what a commit keeps) would change with an edit made by hand meanwhile."""
-        if c.stage.expected is None or self.ws.objects.exists(c.stage.expected):
-            return
-        fd = self._live_fd(c.path)
-        if fd is None:
-            return
-        try:
-            if self.ws.digest_of_fd(fd) == c.stage.expected:
-                self.ws.objects.keep_fd_copy(fd, c.stage.expected)
-        finally:
-            os.close(fd)
+        if c.stage.expected is not None:
+            self.ws.keep_live_copy(c.path, c.stage.expected)
 
     def _materialize(self, c: Commit) -> bool:
         """A stage made from the kept draft (object) of an entry; False if it is gone."""

@@ -323,11 +323,14 @@ class Control:
         refused = stamp_ns(draft_id[:16], "%Y%m%dT%H%M%SZ")  # the id starts with its time
         node.stat = lambda: (object_stat(self.ws, digest)[0], refused)
 
+    def _holders(self, digest: str, path: bytes) -> list[bytes]:
+        """The paths the journal says hold ``digest`` now, ``path`` first: where an old
+        version's bytes are when rwfs kept no object of them (a rename moved the file)."""
+        return sorted(self.history.holders(digest), key=lambda p: p != path)
+
     def _holder(self, digest: str, path: bytes) -> bytes | None:
-        """A live file that holds ``digest`` (``path`` first, then wherever the journal
-        says such a file went): an old version's bytes, when rwfs kept no object of them
-        because a rename moved the file rather than replacing it."""
-        for p in sorted(self.history.holders(digest), key=lambda p: p != path):
+        """The first of ``_holders`` whose live file really holds ``digest``."""
+        for p in self._holders(digest, path):
             if self.ws.live_digest(p)[0] == digest:
                 return p
         return None
@@ -338,17 +341,9 @@ class Control:
         for path, (_, target) in changes.items():
             if target is None or self.ws.objects.exists(target):
                 continue
-            holder = self._holder(target, path)
-            if holder is None:
-                continue  # the batch finds nothing to write it from, and says so
-            fd = os.open(
-                holder, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.ws.root_fd
-            )
-            try:
-                if self.ws.digest_of_fd(fd) == target:
-                    self.ws.objects.keep_fd_copy(fd, target)
-            finally:
-                os.close(fd)
+            # (None found: the batch has nothing to write it from, and says so)
+            for holder in self._holders(target, path):
+                self.ws.keep_live_copy(holder, target)
 
     def version_bytes(self, digest: str, path: bytes, where: bytes) -> bytes:
         """The bytes of a version of ``path`` (history/, a snapshot's tree/): its object,
@@ -375,7 +370,7 @@ class Control:
         try:
             return object_stat(self.ws, digest)
         except FileNotFoundError:
-            for p in sorted(self.history.holders(digest), key=lambda p: p != path):
+            for p in self._holders(digest, path):
                 try:
                     return live_stat(self.ws, p)
                 except FileNotFoundError:

@@ -402,6 +402,23 @@ class Workspace:
 
         return await trio.to_thread.run_sync(make, limiter=_LIMIT)
 
+    def keep_live_copy(self, path: bytes, digest: str) -> None:
+        """Keep an object of ``digest`` copied from the live file at ``path``, if rwfs has
+        none and that file (a regular one) holds those bytes now. Blocking: for a worker
+        thread, or recovery."""
+        if self.objects.exists(digest):
+            return
+        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(rel(path), how, dir_fd=self.root_fd)
+        except OSError:
+            return
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode) and self.digest_of_fd(fd) == digest:
+                self.objects.keep_fd_copy(fd, digest)
+        finally:
+            os.close(fd)
+
     def retire_draft(self, stage: Stage, digest: str | None) -> None:
         """A batch's draft that a newer one replaced: dropped, or, with ``stale_write =
         "conflict"``, moved (not copied) into the object store, where gc finds it unless a
@@ -612,17 +629,8 @@ class Workspace:
                 self.objects.keep_fd_copy(shown_fd, shown)
             if read is not None and read_fd >= 0:
                 self.objects.keep_fd_copy(read_fd, read)
-            if read is not None and not self.objects.exists(read):
-                how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-                try:
-                    live = os.open(rel(path), how, dir_fd=self.root_fd)
-                except OSError:
-                    return
-                try:
-                    if stat.S_ISREG(os.fstat(live).st_mode) and self.digest_of_fd(live) == read:
-                        self.objects.keep_fd_copy(live, read)
-                finally:
-                    os.close(live)
+            if read is not None:
+                self.keep_live_copy(path, read)
 
         async with self.commit_lock:  # the bytes and what refers to them, together, for gc
             with borrowed(stage.fd, actual[1]) as (fd, shown_fd):
