@@ -378,19 +378,6 @@ GITS = ("git-checkout", "git-stash", "git-switch")
 # (feature, pattern) -> why the cell fails on the current code. Fixing the defect makes the
 # cell XPASS (strict): then its entry goes.
 XFAIL: dict[tuple[str, str], str] = {
-    ("history", "hardlink"): "a write through a hard link is in place and unjournaled"
-    " (known gap): no history at all",
-    ("snapshot", "hardlink"): "a write through a hard link is unjournaled: tree/ shows"
-    " f.py's new bytes, and g.py made since",
-    ("restore-whole", "hardlink"): "a write through a hard link is unjournaled: restore"
-    " leaves f.py's new bytes and g.py",
-    ("restore-path", "hardlink"): "a write through a hard link is unjournaled: restore"
-    " leaves f.py's new bytes",
-    ("undo", "hardlink"): "a write through a hard link has no journal event: nothing to undo",
-    ("batch-commit", "hardlink"): "a hard-linked file is written in place: the batch holds"
-    " nothing: its diff is empty",
-    ("batch-abort", "hardlink"): "a hard-linked file is written in place: the batch holds"
-    " nothing: its diff is empty",
     **{
         ("gates", p): "git replaces the file by unlink+create+write and gates never judge a"
         " new file: the broken bytes are written, git exits 0"
@@ -398,18 +385,8 @@ XFAIL: dict[tuple[str, str], str] = {
     },
     ("gates", "rm-create"): "gates never judge a new file: rm then re-create writes the"
     " broken bytes, no refusal",
-    ("gates", "hardlink"): "a hard-linked file is written in place with no gate: the broken"
-    " bytes are written",
-    ("journal", "hardlink"): "a write through a hard link has no journal event (known gap)",
-    ("history-made", "hardlink"): "a write through a hard link is in place and unjournaled"
-    " (known gap): the new bytes are not in f.py's history, g.py has none",
     ("gates", "vim-rename"): "the new f.py is a new file, which gates never judge: the"
     " broken bytes are written, vim exits 0",
-    **{
-        (f, "hardlink"): "the other change and the write over it both go to a hard-linked"
-        " file, in place and unjournaled (known gap): no stale check"
-        for f in ("stale-warn", "stale-conflict")
-    },
 }
 
 
@@ -546,6 +523,8 @@ class TestRestorePath:
         c, before = snapshot_then_write(env, pat, f"s-{name}")
         ctl(c, f"restore s-{name} {c.rel}")
         want = {**before, **{n: pat.new for n in pat.extra}}  # only f.py is restored
+        if name == "hardlink":  # one file, two names: restored in place, both show it
+            want = {TARGET: OLD, "g.py": OLD}
         assert (files(c.d), files(c.raw)) == (want, want)
 
 
@@ -567,6 +546,8 @@ class TestUndo:
         ctl(c, f"undo {batch}")
         # mv moved a file another process made: undo puts both names back (history.md).
         want = {**before, "f.py.tmp": pat.new} if name == "mv" else before
+        if name == "hardlink":  # the write is undone in place: the link (not undone) shows it
+            want = {TARGET: OLD, "g.py": OLD}
         assert (files(c.d), files(c.raw)) == (want, want)
 
 
@@ -590,7 +571,8 @@ class TestBatch:
         assert st["state"] == "open"
         assert files(c.d) == expected_after(pat)
         ctl(c, "sync")  # a commit the batch failed to hold would be in the tree now
-        assert files(c.raw) == {TARGET: OLD}
+        # A link reaches the tree at once (an abort removes it), its bytes wait.
+        assert files(c.raw) == {TARGET: OLD, **{n: OLD for n in pat.extra}}
 
     def open_and_write(self, c: Cell, pat: Pattern, batch: str) -> None:
         os.mkdir(c.rw / "batches" / batch)

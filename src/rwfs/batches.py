@@ -358,6 +358,17 @@ class Batches:
                 self.ws.drop_stage(commit.stage)
                 self._settled(commit, ABORTED)
             batch.held.clear()
+            for link in batch.record.get("links", []):  # made in the batch, still that file
+                path = os.fsencode(link["path"])
+                try:
+                    st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+                    if [st.st_ino, st.st_nlink > 1] != [link["ino"], True]:
+                        continue  # its other names are gone: the name holds the file now
+                    os.unlink(path, dir_fd=self.ws.root_fd)
+                except OSError:
+                    continue
+                self.ws.record({"op": "unlink", "path": link["path"], "batch": batch.name})
+                self.ws.on_gone(path)
             for d in reversed(batch.record.get("dirs", [])):  # made in the batch, still empty
                 path = os.fsencode(d)
                 try:
@@ -372,6 +383,13 @@ class Batches:
         files wait for the commit); an abort removes it again if it is still empty."""
         async with batch.lock:
             batch.record.setdefault("dirs", []).append(fsdecode(path))
+            await self._save(batch)
+
+    async def made_link(self, batch: Batch, path: bytes, ino: int) -> None:
+        """A hard link made by a writer of the open batch: in the tree already, as a
+        directory is; an abort removes it again while the file has another name."""
+        async with batch.lock:
+            batch.record.setdefault("links", []).append({"path": fsdecode(path), "ino": ino})
             await self._save(batch)
 
     async def resume(self, batch: Batch) -> None:
@@ -581,13 +599,20 @@ class Batches:
         for c in todo:
             if c.stage.fd < 0 and c.intended is not None and not self._materialize(c):
                 c.outcome = "pending"
-        todo = [c for c in todo if c.outcome != "pending"]
+        # Deletions first: removing one name of a hard-linked file before another name's
+        # write in place leaves that write a file of one name, and the deletion sees the
+        # bytes it expects (a write in place first would change them under it).
+        todo = sorted(
+            (c for c in todo if c.outcome != "pending"), key=lambda c: c.intended is not None
+        )
         if len(todo) > 8:
             syncfs(ws.staging_fd)
         else:
             for c in todo:
                 if c.stage.fd >= 0:
                     os.fsync(c.stage.fd)
+
+        linked = ws.linked(todo)
 
         def prepare(txn: Any) -> None:
             for c in todo:
@@ -604,6 +629,7 @@ class Batches:
                         "intended": c.intended,
                         "stage": c.stage.name.decode(),
                         "size": c.size,
+                        **({"in_place": True} if c.id in linked else {}),
                     }
                 )
                 if not rollback:

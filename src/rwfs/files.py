@@ -226,7 +226,9 @@ class Files:
         elif inode.stage is not None and c.outcome in ("committed", "landed"):
             # A stage opened on top of a batch's draft: its base is now the tree's bytes.
             inode.stage.expected = c.intended
-        if c.outcome == "committed":
+        if c.outcome == "committed" and c.info.get("in_place"):
+            pass  # a hard-linked file: its own inode holds the bytes now, the stage goes
+        elif c.outcome == "committed":
             # The stage's descriptor now reaches the live file: keep it as the backing fd.
             if inode.fd >= 0:
                 os.close(inode.fd)
@@ -392,9 +394,7 @@ class Files:
         if self.ws.policy.is_passthrough(path, is_dir):
             return False
         if st is not None and stat.S_ISREG(st.st_mode):
-            # A hard-linked file is written in place: replacing it by rename would split
-            # the link (docs/architecture.md).
-            return st.st_size <= self.ws.policy.max_journaled_bytes and st.st_nlink == 1
+            return st.st_size <= self.ws.policy.max_journaled_bytes
         return True
 
     async def hide(self, path: bytes, inode: Inode | None, who: dict[str, Any]) -> bool:
@@ -652,6 +652,8 @@ class Files:
                 self.ws.stats.count("stale_writes")
             self._new_version(inode, shown, intended, ctx_info)
             commit = Commit(path, stage, intended, size, info, owner=inode)
+            if len(inode.paths) > 1:  # hard links: committed in place, every name journaled
+                commit.aliases = tuple(sorted(inode.paths - {path}))
             # A file an open batch holds stays in it, whoever writes it (every writer
             # built on the draft); otherwise the batch whose scope the writer is in.
             batch = self.batches.all.get(str(held.batch)) if held else None

@@ -115,6 +115,20 @@ def _fixed_size(node: Any) -> tuple[int, int | None]:
     return 0, None
 
 
+# The fields of a stat_result beyond its tuple (os.stat_result takes them as a dict).
+_STAT_EXTRA = (
+    "st_atime",
+    "st_mtime",
+    "st_ctime",
+    "st_atime_ns",
+    "st_mtime_ns",
+    "st_ctime_ns",
+    "st_blksize",
+    "st_blocks",
+    "st_rdev",
+)
+
+
 def _exists(root_fd: int, path: bytes) -> bool:
     try:
         os.stat(path, dir_fd=root_fd, follow_symlinks=False)
@@ -326,7 +340,16 @@ class Operations(pyfuse3.Operations):
 
     def _stat(self, inode: Inode) -> os.stat_result:
         if inode.stage is not None:
-            return os.fstat(inode.stage.fd)
+            st = os.fstat(inode.stage.fd)
+            if inode.fd < 0 or inode.virtual:
+                return st
+            # The stage's bytes, the file's links (a hard-linked file is staged too).
+            nlink = os.fstat(inode.fd).st_nlink
+            if nlink == st.st_nlink:
+                return st
+            fields = list(st)
+            fields[stat.ST_NLINK] = nlink
+            return os.stat_result(fields, {k: getattr(st, k) for k in _STAT_EXTRA})
         if inode.fd >= 0:
             return os.fstat(inode.fd)
         if inode.removed is not None and not inode.paths:
@@ -634,9 +657,8 @@ class Operations(pyfuse3.Operations):
             # open batch's draft, or its deletion): a link there would not link it.
             raise pyfuse3.FUSEError(errno.EXDEV)
         # The new name must reach the bytes every reader sees: commit an open stage (say,
-        # a truncate(2) while a descriptor is open) before linking the backing file. Again
-        # if a writer opened another meanwhile: once linked, the file is written in place,
-        # and a stage committed later would split the link.
+        # a truncate(2) while a descriptor is open) before linking the backing file, again
+        # if a writer opened another meanwhile.
         while True:
             before = src.stage
             await self.files.commit(src, self._who(ctx), wait=True)
@@ -647,7 +669,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EXDEV)
         with self._journal(
             self.files.journaled(path), ctx, "link", path, source=fsdecode(src.path)
-        ):
+        ) as late:
             os.link(
                 rel(src.path),
                 path,
@@ -655,7 +677,15 @@ class Operations(pyfuse3.Operations):
                 dst_dir_fd=self.ws.root_fd,
                 follow_symlinks=False,
             )
-        return self._new_entry(path, ctx)
+            # The new name's bytes, for its history (hashed with the group).
+            how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            with contextlib.suppress(OSError):
+                late["hash_fd"] = os.open(path, how, dir_fd=self.ws.root_fd)
+        attr = self._new_entry(path, ctx)
+        batch = self.batches.for_writer(self._who(ctx)) if self.files.journaled(path) else None
+        if batch is not None:
+            await self.batches.made_link(batch, path, self.inodes.by_path[path].key[1])
+        return attr
 
     async def _remove(self, parent_inode: int, name: bytes, ctx: Any, is_dir: bool) -> None:
         path = self._parent_path(parent_inode, name)
@@ -680,13 +710,9 @@ class Operations(pyfuse3.Operations):
             st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
             self._path_leaves(path, ctx)
             incoming = None
-            # One name of a hard-linked file: the other names keep its bytes (written in
-            # place, unjournaled), so the unlink is journaled but nothing is adopted —
-            # adopting would make a live, changing inode an object.
-            linked = stat.S_ISREG(st.st_mode) and st.st_nlink > 1
-            journaled = self.files.journaled(path, None if linked else st)
-            if journaled and stat.S_ISREG(st.st_mode) and not linked:
-                incoming = self.ws.objects.adopt(self.ws.root_fd, path)  # keep the bytes
+            journaled = self.files.journaled(path, st)
+            if journaled and stat.S_ISREG(st.st_mode):
+                incoming = await self.ws.keep_removed(path, st)  # keep the bytes
             try:
                 mode = stat.S_IMODE(st.st_mode)  # of the file removed: undo, restore use it
                 with self._journal(journaled, ctx, "unlink", path, incoming, mode=mode):
@@ -752,21 +778,16 @@ class Operations(pyfuse3.Operations):
                 )
             except FileNotFoundError:
                 dst_st = None
-            # A hard-linked file (as in _remove): its rename is journaled, its bytes are
-            # neither hashed nor adopted, since its other names change them in place.
-            linked = stat.S_ISREG(sst.st_mode) and sst.st_nlink > 1
-            dst_linked = dst_st is not None and stat.S_ISREG(dst_st.st_mode) and dst_st.st_nlink > 1
             is_dir = stat.S_ISDIR(sst.st_mode)
-            journaled = self.files.journaled(
-                src, None if linked else sst, is_dir
-            ) or self.files.journaled(dst, None if dst_linked else dst_st, is_dir)
+            journaled = self.files.journaled(src, sst, is_dir) or self.files.journaled(
+                dst, dst_st, is_dir
+            )
             if (
                 journaled
                 and not flags
                 and dst_st is not None
                 and stat.S_ISREG(dst_st.st_mode)
                 and stat.S_ISREG(sst.st_mode)
-                and not (linked or dst_linked)
             ):
                 await self.files.gate_rename(src, dst, self._who(ctx))
             if not self.files.queued(src) and not self.files.queued(dst):
@@ -777,16 +798,10 @@ class Operations(pyfuse3.Operations):
             if dst_st is not None:
                 self._path_leaves(dst, ctx, moved)
         incoming = None
-        if (
-            journaled
-            and not exchange
-            and dst_st is not None
-            and stat.S_ISREG(dst_st.st_mode)
-            and not dst_linked
-        ):
-            incoming = self.ws.objects.adopt(self.ws.root_fd, dst)  # keep the replaced bytes
+        if journaled and not exchange and dst_st is not None and stat.S_ISREG(dst_st.st_mode):
+            incoming = await self.ws.keep_removed(dst, dst_st)  # keep the replaced bytes
         moved_fd = None
-        if journaled and stat.S_ISREG(sst.st_mode) and not linked:
+        if journaled and stat.S_ISREG(sst.st_mode):
             moved_fd = os.open(
                 src,
                 os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
@@ -985,15 +1000,15 @@ class Operations(pyfuse3.Operations):
     def _in_place(self, i: Inode) -> bool:
         """Whether the open file's bytes are changed in place (not journaled)."""
         st = os.fstat(i.fd)
-        if not i.paths:  # its names here are gone; another (a hard link) may share it
+        if not i.paths:  # its names here are gone, but a hard link no one looked up names it
             return st.st_nlink > 1
         return not self.files.journaled(i.path, st)
 
     async def _to_change(self, i: Inode) -> Stage | None:
         """The open stage a change to the file's bytes goes to; None: the file is changed
         in place, through its backing descriptor (opened for writing)."""
-        # Decided at each change, not at open: a file hard-linked since it was opened must
-        # be written in place, or the commit's rename would split the link.
+        # Decided at each change, not at open: a file may have grown past
+        # max_journaled_bytes since it was opened.
         if i.stage is None and not i.unlinked and self._in_place(i):
             self.files.open_backing(i, writable=True)
             return None

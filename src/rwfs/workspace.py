@@ -194,6 +194,9 @@ class Commit:
     lsn: int = 0
     batch: str | None = None  # an explicit batch's name (batches.py); None: a batch of one
     held: bool = False  # held by an open batch: not queued, the tree waits for its commit
+    # Other names the writer's inode is known by (hard links): where ``_write_in_place``
+    # looks first for the names a commit in place changes too.
+    aliases: tuple[bytes, ...] = ()
 
     def finish(self) -> None:
         """Settled and recorded: wake whoever waits for it, durable or done."""
@@ -299,6 +302,17 @@ class Workspace:
             return self.digest_of_fd(fd, st), st
         finally:
             os.close(fd)
+
+    async def keep_removed(self, path: bytes, st: os.stat_result) -> bytes:
+        """Keep the bytes of the file at ``path`` before an unlink or a rename removes
+        that name: its inode goes into ``objects/incoming`` (hashed with the group), or,
+        for a hard-linked file whose other names go on changing it in place, a copy made
+        in a worker thread. Returns the incoming name."""
+        if st.st_nlink == 1:
+            return self.objects.adopt(self.root_fd, path)
+        return await trio.to_thread.run_sync(
+            self.objects.adopt_copy, self.root_fd, rel(path), limiter=_LIMIT
+        )
 
     # ---- stages ----
 
@@ -862,6 +876,8 @@ class Workspace:
             faults.point("after_stage_sync")
             t = self._step("group.stage_sync", t)
 
+        linked = self.linked(commits)
+
         def prepare(txn: Any) -> None:
             for c in commits:
                 rid = txn.new_receipt(
@@ -872,6 +888,7 @@ class Workspace:
                         "intended": c.intended,
                         "stage": c.stage.name.decode(),
                         "intent": c.id,
+                        **({"in_place": True} if c.id in linked else {}),
                     }
                 )
                 c.info["receipt"] = rid
@@ -951,11 +968,12 @@ class Workspace:
                 c.info["actual"] = live
                 self._keep_intended(c)
                 return
+            linked = st is not None and self.hard_linked(st, live)
             if live is not None:
                 assert st is not None
                 if live == EMPTY_DIGEST and c.owner is not None and self.objects.exists(live):
                     c.spare = self._spare_link(c.path, st)
-                elif st.st_nlink > 1:
+                elif linked:
                     # Another name shares the inode and changes it in place: linked, the
                     # object would change with it. A copy is kept; if the bytes moved since
                     # the check, the commit is a conflict like any other.
@@ -974,6 +992,10 @@ class Workspace:
                     c.info["mode"] = stat.S_IMODE(st.st_mode)
                 os.unlink(rel(c.path), dir_fd=self.root_fd)
                 c.outcome = "committed"
+                return
+            if linked:
+                assert st is not None
+                self._write_in_place(c, st)
                 return
             # A plain filesystem leaves a directory's times alone when a file in it is
             # rewritten (and tar and cp -a set them after writing the files): the rename
@@ -1017,6 +1039,100 @@ class Workspace:
                 path=fsdecode(c.path),
             )
 
+    def linked(self, commits: list[Commit]) -> set[str]:
+        """The commits whose file is hard-linked now: ``_replace`` will write them in
+        place, and their receipts say so, for recovery."""
+        out = set()
+        for c in commits:
+            try:
+                st = os.stat(rel(c.path), dir_fd=self.root_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and self.hard_linked(st, c.stage.expected):
+                out.add(c.id)
+        return out
+
+    def hard_linked(self, st: os.stat_result, kept: str | None) -> bool:
+        """Whether other names share the file: not just the link rwfs made itself when it
+        kept the file's bytes as object ``kept`` (``_replace``; a crash before the rename
+        leaves it for recovery). An object is never changed in place."""
+        if st.st_nlink == 1:
+            return False
+        if st.st_nlink == 2 and kept is not None:
+            try:
+                fd = self.objects.open(kept)
+            except OSError:
+                return True
+            try:
+                obj = os.fstat(fd)
+            finally:
+                os.close(fd)
+            return (obj.st_dev, obj.st_ino) != (st.st_dev, st.st_ino)
+        return True
+
+    def _write_in_place(self, c: Commit, st: os.stat_result) -> None:
+        """Commit a hard-linked file: its other names must go on naming it, which a rename
+        of the stage over one name would undo, so the stage's bytes are copied into the
+        live inode. Not atomic, unlike a rename: the receipt says ``in_place`` and the
+        stage stays until the commit record, so recovery finishes a copy a crash cut
+        short (recovery.py). The names it changes besides ``c.path`` are journaled with
+        the write (``links``)."""
+        how = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(rel(c.path), how, dir_fd=self.root_fd)
+        try:
+            got = os.fstat(fd)
+            if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):
+                raise OSError(errno.ESTALE, "the file was replaced during the commit")
+            size = os.fstat(c.stage.fd).st_size
+            copy_range(c.stage.fd, fd, size)
+            faults.point("in_place_copied")
+            os.ftruncate(fd, size)
+            got = os.fstat(fd)
+        finally:
+            os.close(fd)
+        c.info["links"] = [fsdecode(p) for p in self.other_names(c.path, got, c.aliases)]
+        c.info["in_place"] = True
+        c.info["mode"] = stat.S_IMODE(got.st_mode)
+        self._remember(got, str(c.intended))
+        c.new_ino = got.st_ino
+        c.discard = True  # the live inode holds the bytes now: the stage goes
+        c.outcome = "committed"
+
+    def other_names(
+        self, path: bytes, st: os.stat_result, hints: tuple[bytes, ...] = ()
+    ) -> list[bytes]:
+        """The workspace's other names of the file at ``path`` (hard links), looked for in
+        the directories of ``path`` and of ``hints``: a link elsewhere that no one looked up
+        through the mount is not found (docs/history.md)."""
+        found: list[bytes] = []
+        want = st.st_nlink - 1
+        dirs = sorted({p.rpartition(b"/")[0] for p in (path, *hints)})
+        for d in dirs:
+            try:
+                dfd = os.open(
+                    rel(d), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.root_fd
+                )
+            except OSError:
+                continue
+            try:
+                with os.scandir(dfd) as it:
+                    for e in it:
+                        name = os.fsencode(e.name)
+                        p = d + b"/" + name if d else name
+                        if e.inode() != st.st_ino or p == path or p == b".rw":
+                            continue
+                        try:
+                            other = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                        except OSError:
+                            continue
+                        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                            found.append(p)
+            finally:
+                os.close(dfd)
+            if len(found) >= want:
+                break
+        return sorted(found)
+
     def _keep_copy(self, path: bytes) -> str:
         fd = os.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.root_fd)
         try:
@@ -1050,6 +1166,22 @@ class Workspace:
             _close_quietly(c.stage.fd)
             c.stage.fd = -1
         self.on_committed(c)
+
+
+def copy_range(src: int, dst: int, size: int) -> None:
+    """Copy the first ``size`` bytes of ``src`` over those of ``dst``, offset for offset."""
+    off = 0
+    while off < size:
+        try:
+            n = os.copy_file_range(src, dst, size - off, off, off)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            data = os.pread(src, min(size - off, 1 << 20), off)
+            n = os.pwrite(dst, data, off) if data else 0
+        if n == 0:
+            raise OSError(errno.EIO, "the stage is shorter than it was sealed")
+        off += n
 
 
 def _set_durable(commits: list[Commit]) -> None:
@@ -1138,6 +1270,9 @@ def record_commit(txn: Any, c: Commit) -> None:
         ev["recovered"] = True
     if "mode" in c.info and c.outcome == "committed":
         ev["mode"] = c.info["mode"]
+    links = c.info.get("links") if c.outcome == "committed" else None
+    if links:
+        ev["links"] = links  # the file's other names, changed with it (in place)
     if c.outcome == "error":
         receipt["state"] = "pending"
         receipt["error"] = c.error.envelope["message"] if c.error else "error"
@@ -1164,6 +1299,8 @@ def record_commit(txn: Any, c: Commit) -> None:
     else:
         receipt["state"] = "committed"
         txn.set_path(c.path, c.intended, lsn)
+        for other in links or ():
+            txn.set_path(os.fsencode(other), c.intended, lsn)
         if c.info.pop("kept", False):
             txn.add_object(c.stage.expected, 0, lsn)
         txn.bump("commits")
@@ -1211,11 +1348,10 @@ def record_event(txn: Any, ev: dict[str, Any]) -> int:
                 txn.set_path(dest, ev["intended"], lsn)
     elif op == "create":
         txn.set_path(path, ev.get("intended"), lsn)
-    elif op == "link" and ev.get("source"):
-        # Two names of one file: it is written in place, unjournaled, while it has both
-        # (docs/architecture.md), so the index stops vouching for its bytes under the old
-        # name too, until a journaled commit of it after the other name is gone.
-        txn.set_path(os.fsencode(ev["source"]), None, lsn)
+    elif op == "link" and ev.get("intended"):
+        # A new name of a file: it holds the file's bytes (commits of it are in place and
+        # journal every name they change: ``links``).
+        txn.set_path(path, ev["intended"], lsn)
     if receipt is not None:
         receipt.update(state="committed", lsn=lsn, batch=ev["batch"])
         txn.put_receipt(receipt)
