@@ -255,6 +255,12 @@ class Batches:
             "size": size,
             "order": before["order"] if before else len(entries),
             "stage": stage,
+            # Made again after the batch deleted it: a new file at the name (see retarget).
+            **(
+                {"replace": True}
+                if before and (before.get("replace") or before["intended"] is None)
+                else {}
+            ),
         }
         try:
             await self._save(batch)
@@ -274,6 +280,9 @@ class Batches:
             moved = entries.pop(fsdecode(commit.path))
             before = entries.pop(fsdecode(dst), None)
             moved["expected"] = before["expected"] if before else base
+            # A file renamed onto dst: the commit replaces the name, as rename(2) does, and
+            # never writes into a file dst shares with other names (workspace._replace).
+            moved["replace"] = True
             entries[fsdecode(dst)] = moved
             del batch.held[commit.path]
             replaced = batch.held.pop(dst, None)
@@ -594,6 +603,9 @@ class Batches:
             return reasons
         faults.point("batch_after_dry_run")
         todo = [c for c in commits if c.outcome != "pending"]
+        for c in todo:
+            if batch.record["entries"].get(fsdecode(c.path), {}).get("replace"):
+                c.info["replace"] = True
         for c in todo:  # a conflict found at resume can still show its base
             self._keep_base(c)
         for c in todo:

@@ -411,10 +411,14 @@ class Files:
         st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
         if not (stat.S_ISREG(st.st_mode) and self.journaled(path, st)):
             return False
-        if held is not None and held.held:
+        if held is not None and held.held and held.path == path:
             assert inode is not None
             with self.letting_go(inode, held):
                 await self.batches.hide(batch, path, held.stage.expected)
+        elif held is not None and held.held:
+            # One name of a hard-linked file whose draft the batch holds under another:
+            # that name keeps the draft; this one's base is the file's committed bytes.
+            await self.batches.hide(batch, path, held.stage.expected)
         else:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
             try:

@@ -778,6 +778,8 @@ class Operations(pyfuse3.Operations):
                 )
             except FileNotFoundError:
                 dst_st = None
+            if dst_st is not None and (sst.st_dev, sst.st_ino) == (dst_st.st_dev, dst_st.st_ino):
+                return  # two names of one file: rename(2) does nothing and succeeds
             is_dir = stat.S_ISDIR(sst.st_mode)
             journaled = self.files.journaled(src, sst, is_dir) or self.files.journaled(
                 dst, dst_st, is_dir

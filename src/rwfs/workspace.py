@@ -968,7 +968,9 @@ class Workspace:
                 c.info["actual"] = live
                 self._keep_intended(c)
                 return
-            linked = st is not None and self.hard_linked(st, live)
+            # A hard-linked file is written in place, unless the commit stands for a rename
+            # onto the name (a batch's), which replaces the name as rename(2) would.
+            linked = st is not None and not c.info.get("replace") and self.hard_linked(st, live)
             if live is not None:
                 assert st is not None
                 if live == EMPTY_DIGEST and c.owner is not None and self.objects.exists(live):
@@ -1048,7 +1050,11 @@ class Workspace:
                 st = os.stat(rel(c.path), dir_fd=self.root_fd, follow_symlinks=False)
             except OSError:
                 continue
-            if stat.S_ISREG(st.st_mode) and self.hard_linked(st, c.stage.expected):
+            if (
+                stat.S_ISREG(st.st_mode)
+                and not c.info.get("replace")
+                and self.hard_linked(st, c.stage.expected)
+            ):
                 out.add(c.id)
         return out
 
