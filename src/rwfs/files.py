@@ -86,6 +86,7 @@ import contextlib
 import errno
 import os
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -100,6 +101,10 @@ from .workspace import Commit, Stage, Workspace, borrowed, fsdecode, rel
 # what it read (the oldest is let go first).
 READS_MAX = 100_000
 GONE_MAX = 256
+# A new file made where the same user removed a journaled file this many seconds before is
+# a save of that file (Files._recreated); at most REMOVED_MAX removals are remembered.
+RECREATE_S = 10.0
+REMOVED_MAX = 64
 
 
 def _refused(code: int) -> OSError:
@@ -139,6 +144,15 @@ class Gone:
 
 
 @dataclass(eq=False, slots=True)
+class Removed:
+    """The bytes of a file its path stopped naming, for ``Files._recreated``."""
+
+    fd: int
+    uid: int
+    at: float  # time.monotonic()
+
+
+@dataclass(eq=False, slots=True)
 class ReadAt:
     """The file a process last opened to read at a path: its inode and version. Once the
     path stops naming that file (``replaced``), the digest the process read if it is
@@ -172,6 +186,8 @@ class Files:
         # files created in the batch, or a new file renamed over one (Inode.virtual).
         self.virtual: dict[bytes, Inode] = {}
         self.hidden: set[bytes] = set()  # paths an open batch deletes: gone from the view
+        # path -> the journaled file a save removed there, for a while (_recreated).
+        self.removed: dict[bytes, Removed] = {}
 
     async def settle(self, inode: Inode) -> None:
         """Wait until the inode's queued commit is in the tree (a draft an open batch
@@ -566,120 +582,200 @@ class Files:
                 self.orphan_stage(inode)
                 return
             stage.sealed = True  # atomic: set before the first await, so writers wait
-            # The gates judge the new bytes against what the mount showed: the tree's file,
-            # or the draft of it an open batch holds. A new (empty) file has nothing a write
-            # could break: only the secrets gate has something to look at.
-            gated = inode.path
-            held_before = self.held(inode)
-            shown, base_fd = self._shown(inode, held_before, stage)
-            gate = shown != EMPTY_DIGEST or self.ws.policy.gate("secrets", gated)["action"] != "off"
-            intended, size, findings = await self.ws.seal(stage, (gated, base_fd) if gate else None)
-            if not inode.paths:  # unlinked during the seal
-                stage.sealed = False
-                self.orphan_stage(inode)
-                return
-            path = inode.path
-            held = self.held(inode)
-            shown, base_fd = self._shown(inode, held, stage)
-            if held is not None and intended in (held.intended, stage.expected):
-                # The batch's draft again, or the batch's base again (no change left).
-                self.ws.drop_stage(stage)
-                inode.stage = held.stage
-                if intended == stage.expected:
-                    await self.batches.unhold(self.batches.all[str(held.batch)], path)
-                return
+            removed = self._recreated(inode, stage, ctx_info)
+            try:
+                await self._sealed(inode, stage, ctx_info, wait, removed)
+            finally:
+                if removed is not None:
+                    os.close(removed)
+
+    async def _sealed(
+        self,
+        inode: Inode,
+        stage: Stage,
+        ctx_info: dict[str, Any],
+        wait: bool,
+        removed: int | None,
+    ) -> None:
+        """``commit`` of a sealed stage, under ``inode.lock``. ``removed``: a descriptor of
+        the bytes of the file a save by removal and re-creation removed (``_recreated``)."""
+        # The gates judge the new bytes against what the mount showed: the tree's file,
+        # or the draft of it an open batch holds. A new (empty) file has nothing a write
+        # could break: only the secrets gate has something to look at.
+        gated = inode.path
+        held_before = self.held(inode)
+        shown, base_fd = self._shown(inode, held_before, stage)
+        gate = shown != EMPTY_DIGEST or self.ws.policy.gate("secrets", gated)["action"] != "off"
+        if removed is not None:  # judged against the file the save removed
+            base_fd, gate = removed, True
+        intended, size, findings = await self.ws.seal(stage, (gated, base_fd) if gate else None)
+        if not inode.paths:  # unlinked during the seal
+            stage.sealed = False
+            self.orphan_stage(inode)
+            return
+        path = inode.path
+        held = self.held(inode)
+        shown, base_fd = self._shown(inode, held, stage)
+        if removed is not None and held is None:
+            base_fd = removed
+        if held is not None and intended in (held.intended, stage.expected):
+            # The batch's draft again, or the batch's base again (no change left).
+            self.ws.drop_stage(stage)
+            inode.stage = held.stage
             if intended == stage.expected:
-                self.ws.drop_stage(stage)
-                inode.stage = None
-                os.utime(rel(path), dir_fd=self.ws.root_fd, follow_symlinks=False)
-                self.ws.record(
-                    {
-                        "op": "noop",
-                        "path": fsdecode(path),
-                        "batch": None,
-                        "intended": intended,
-                        **ctx_info,
-                    }
-                )
-                self.ws.stats.count("noops")
-                return
-            if path != gated or held is not held_before:
-                # Renamed during the seal, or the batch ended meanwhile: gate it as what it
-                # is now, against what the mount shows now.
-                findings = await self.ws.run_gates(path, base_fd, stage.fd)
-            if any(f.action == "reject" for f in findings):
-                # Refused: the draft is kept, the stage goes, the file reads as before.
-                err = await self.ws.refuse(path, stage.fd, shown, intended, findings, ctx_info)
+                await self.batches.unhold(self.batches.all[str(held.batch)], path)
+            return
+        if intended == stage.expected:
+            self.ws.drop_stage(stage)
+            inode.stage = None
+            os.utime(rel(path), dir_fd=self.ws.root_fd, follow_symlinks=False)
+            self.ws.record(
+                {
+                    "op": "noop",
+                    "path": fsdecode(path),
+                    "batch": None,
+                    "intended": intended,
+                    **ctx_info,
+                }
+            )
+            self.ws.stats.count("noops")
+            return
+        if path != gated or held is not held_before:
+            # Renamed during the seal, or the batch ended meanwhile: gate it as what it
+            # is now, against what the mount shows now.
+            findings = await self.ws.run_gates(path, base_fd, stage.fd)
+        if any(f.action == "reject" for f in findings):
+            # Refused: the draft is kept, the stage goes, the file reads as before.
+            put_back = removed is not None and held is None and base_fd == removed
+            if put_back:
+                assert removed is not None
+                shown = await self.ws.digest(removed)
+            err = await self.ws.refuse(path, stage.fd, shown, intended, findings, ctx_info)
+            await self._unstage(inode, held, stage)
+            if put_back:
+                assert removed is not None and shown is not None
+                await self._put_back(inode, path, removed, shown, ctx_info)
+            if wait:
+                # fsync(): the kernel holds the inode's lock until we answer, and
+                # invalidating needs it, so it runs after the answer.
+                self.kernel.invalidate(inode)
+            else:
+                await self.kernel.invalidate_now(inode)  # a reread must not see the draft
+            raise err
+        info = dict(ctx_info)
+        if findings:
+            info["warnings"] = [
+                {"gate": f.gate, "message": f.message, **f.details} for f in findings
+            ]
+        stale, read_fd = self._stale_read(inode, ctx_info), -1
+        if stale is None:
+            stale, read_fd = await self._replaced_read(inode, path, ctx_info, shown)
+        if stale is not None:
+            if self.ws.policy.stale_write == "conflict":
+                with borrowed(read_fd) as (rfd,):  # eviction may close the original
+                    err = await self.ws.stale_conflict(
+                        path,
+                        stage,
+                        intended,
+                        stale or None,
+                        ctx_info,
+                        actual=(shown, base_fd),
+                        batch=held.batch if held is not None else None,
+                        read_fd=rfd,
+                    )
                 await self._unstage(inode, held, stage)
                 if wait:
-                    # fsync(): the kernel holds the inode's lock until we answer, and
-                    # invalidating needs it, so it runs after the answer.
                     self.kernel.invalidate(inode)
                 else:
-                    await self.kernel.invalidate_now(inode)  # a reread must not see the draft
+                    await self.kernel.invalidate_now(inode)
                 raise err
-            info = dict(ctx_info)
-            if findings:
-                info["warnings"] = [
-                    {"gate": f.gate, "message": f.message, **f.details} for f in findings
-                ]
-            stale, read_fd = self._stale_read(inode, ctx_info), -1
-            if stale is None:
-                stale, read_fd = await self._replaced_read(inode, path, ctx_info, shown)
-            if stale is not None:
-                if self.ws.policy.stale_write == "conflict":
-                    with borrowed(read_fd) as (rfd,):  # eviction may close the original
-                        err = await self.ws.stale_conflict(
-                            path,
-                            stage,
-                            intended,
-                            stale or None,
-                            ctx_info,
-                            actual=(shown, base_fd),
-                            batch=held.batch if held is not None else None,
-                            read_fd=rfd,
-                        )
-                    await self._unstage(inode, held, stage)
-                    if wait:
-                        self.kernel.invalidate(inode)
-                    else:
-                        await self.kernel.invalidate_now(inode)
-                    raise err
-                info.setdefault("warnings", []).append(
-                    {
-                        "gate": "stale_write",
-                        "message": "this process read an older version of the file than "
-                        "the one it replaced: a change made meanwhile may be lost",
-                        "read": stale or None,
-                    }
-                )
-                self.ws.stats.count("stale_writes")
-            self._new_version(inode, shown, intended, ctx_info)
-            commit = Commit(path, stage, intended, size, info, owner=inode)
-            if len(inode.paths) > 1:  # hard links: committed in place, every name journaled
-                commit.aliases = tuple(sorted(inode.paths - {path}))
-            # A file an open batch holds stays in it, whoever writes it (every writer
-            # built on the draft); otherwise the batch whose scope the writer is in.
-            batch = self.batches.all.get(str(held.batch)) if held else None
-            if batch is None and inode.virtual:  # made again where the batch deletes a file
-                batch = self.batches.holding(path)
-            batch = batch or self.batches.for_writer(ctx_info)
-            if batch is not None and await self.batches.hold(batch, commit, wait):
-                inode.pending = commit
-                return
+            info.setdefault("warnings", []).append(
+                {
+                    "gate": "stale_write",
+                    "message": "this process read an older version of the file than "
+                    "the one it replaced: a change made meanwhile may be lost",
+                    "read": stale or None,
+                }
+            )
+            self.ws.stats.count("stale_writes")
+        self._new_version(inode, shown, intended, ctx_info)
+        commit = Commit(path, stage, intended, size, info, owner=inode)
+        if len(inode.paths) > 1:  # hard links: committed in place, every name journaled
+            commit.aliases = tuple(sorted(inode.paths - {path}))
+        # A file an open batch holds stays in it, whoever writes it (every writer
+        # built on the draft); otherwise the batch whose scope the writer is in.
+        batch = self.batches.all.get(str(held.batch)) if held else None
+        if batch is None and inode.virtual:  # made again where the batch deletes a file
+            batch = self.batches.holding(path)
+        batch = batch or self.batches.for_writer(ctx_info)
+        if batch is not None and await self.batches.hold(batch, commit, wait):
             inode.pending = commit
-            try:
-                await self.ws.submit(commit, wait)
-            except BaseException:
-                # Refused before the committer took it (e.g. the journal is unavailable):
-                # nothing was written, so the stage goes and the file reads as before.
-                if inode.pending is commit and not self.ws.is_queued(commit):
-                    inode.pending = None
-                    if inode.stage is stage:
-                        inode.stage = None
-                    self.ws.drop_stage(stage)
-                    self.kernel.invalidate(inode)
-                raise
+            return
+        inode.pending = commit
+        try:
+            await self.ws.submit(commit, wait)
+        except BaseException:
+            # Refused before the committer took it (e.g. the journal is unavailable):
+            # nothing was written, so the stage goes and the file reads as before.
+            if inode.pending is commit and not self.ws.is_queued(commit):
+                inode.pending = None
+                if inode.stage is stage:
+                    inode.stage = None
+                self.ws.drop_stage(stage)
+                self.kernel.invalidate(inode)
+            raise
+
+    def path_removed(self, path: bytes, who: dict[str, Any], fd: int) -> None:
+        """``path`` stopped naming a journaled file (an unlink, or a rename away), whose
+        bytes ``fd`` holds (this takes it): a new file made there soon after by the same
+        user is that file saved again (``_recreated``)."""
+        old = self.removed.pop(path, None)
+        if old is not None:
+            os.close(old.fd)
+        self.removed[path] = Removed(fd, who.get("uid", -1), time.monotonic())
+        while len(self.removed) > REMOVED_MAX:  # the oldest goes
+            os.close(self.removed.pop(next(iter(self.removed))).fd)
+
+    def forget_removed(self, path: bytes) -> None:
+        """``path`` names another file now (a rename onto it, a new directory)."""
+        old = self.removed.pop(path, None)
+        if old is not None:
+            os.close(old.fd)
+
+    def _recreated(self, inode: Inode, stage: Stage, who: dict[str, Any]) -> int | None:
+        """A save by removal and re-creation (``git checkout``, ``git stash``, vim's default
+        save, ``rm f`` then a new ``f``): the first commit of a new, still empty file at a
+        path whose journaled file the same user removed within RECREATE_S. Its gates judge
+        the new bytes against the removed ones, as they would an edit of that file; returns
+        a descriptor of them (the caller closes it), else None."""
+        if stage.expected != EMPTY_DIGEST or inode.virtual or self.held(inode) is not None:
+            return None
+        if not inode.paths:
+            return None
+        rec = self.removed.pop(inode.path, None)
+        if rec is None:
+            return None
+        if rec.uid != who.get("uid", -1) or time.monotonic() - rec.at > RECREATE_S:
+            os.close(rec.fd)
+            return None
+        return rec.fd
+
+    async def _put_back(
+        self, inode: Inode, path: bytes, removed: int, digest: str, who: dict[str, Any]
+    ) -> None:
+        """A refused save by removal and re-creation: the new file gets the removed bytes
+        back (a commit of rwfs's own, journaled as a write), so the path holds what it held
+        before the save, as a refused edit leaves it."""
+        with borrowed(removed) as (fd,):
+            stage = await self.ws.new_stage(fd, truncate=False)
+        stage.expected = EMPTY_DIGEST
+        stage.sealed = True
+        size = os.fstat(stage.fd).st_size
+        info = {**who, "put_back": True}
+        commit = Commit(path, stage, digest, size, info, owner=inode)
+        self._new_version(inode, EMPTY_DIGEST, digest, who)
+        inode.stage, inode.pending = stage, commit
+        await self.ws.submit(commit, wait=False)
 
     @staticmethod
     def held(inode: Inode) -> Commit | None:

@@ -129,6 +129,15 @@ _STAT_EXTRA = (
 )
 
 
+def _open_quietly(root_fd: int, path: bytes) -> int | None:
+    """A descriptor of the regular file at ``path`` to read, or None."""
+    how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        return os.open(path, how, dir_fd=root_fd)
+    except OSError:
+        return None
+
+
 def _exists(root_fd: int, path: bytes) -> bool:
     try:
         os.stat(path, dir_fd=root_fd, follow_symlinks=False)
@@ -709,10 +718,12 @@ class Operations(pyfuse3.Operations):
         else:
             st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
             self._path_leaves(path, ctx)
-            incoming = None
+            incoming = removed = None
             journaled = self.files.journaled(path, st)
             if journaled and stat.S_ISREG(st.st_mode):
                 incoming = await self.ws.keep_removed(path, st)  # keep the bytes
+                if st.st_size:  # for a save that makes the file again (Files._recreated)
+                    removed = _open_quietly(self.ws.root_fd, path)
             try:
                 mode = stat.S_IMODE(st.st_mode)  # of the file removed: undo, restore use it
                 with self._journal(journaled, ctx, "unlink", path, incoming, mode=mode):
@@ -721,7 +732,11 @@ class Operations(pyfuse3.Operations):
             except OSError:
                 if incoming is not None:
                     os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
+                if removed is not None:
+                    os.close(removed)
                 raise
+            if removed is not None:
+                self.files.path_removed(path, self._who(ctx), removed)
         gone = self.inodes.detach(path)
         # Its backing inode number is free for reuse now (a directory has no other name).
         if gone is not None and (is_dir or (st is not None and st.st_nlink == 1)):
@@ -809,6 +824,10 @@ class Operations(pyfuse3.Operations):
                 os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                 dir_fd=self.ws.root_fd,
             )
+        # A file renamed away may be made again at its name (vim's default save).
+        removed = (
+            os.dup(moved_fd) if moved_fd is not None and sst.st_size and not exchange else None
+        )
         try:
             with self._journal(
                 journaled,
@@ -824,9 +843,13 @@ class Operations(pyfuse3.Operations):
         except OSError:
             if incoming is not None:
                 os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
-            if moved_fd is not None:
-                os.close(moved_fd)
+            for fd in (moved_fd, removed):
+                if fd is not None:
+                    os.close(fd)
             raise
+        self.files.forget_removed(dst)
+        if removed is not None:
+            self.files.path_removed(src, self._who(ctx), removed)
         if exchange:
             self.inodes.exchange(src, dst)  # a directory's children move with it
         else:
