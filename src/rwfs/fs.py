@@ -130,12 +130,19 @@ _STAT_EXTRA = (
 
 
 def _open_quietly(root_fd: int, path: bytes) -> int | None:
-    """A descriptor of the regular file at ``path`` to read, or None."""
+    """A descriptor of the regular file at ``path`` to read, or None (never a device's or
+    a FIFO's: opening one can block or act)."""
     how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        return os.open(path, how, dir_fd=root_fd)
+        if not stat.S_ISREG(os.stat(path, dir_fd=root_fd, follow_symlinks=False).st_mode):
+            return None
+        fd = os.open(path, how, dir_fd=root_fd)
     except OSError:
         return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
+        os.close(fd)
+        return None
+    return fd
 
 
 def _exists(root_fd: int, path: bytes) -> bool:
@@ -676,9 +683,17 @@ class Operations(pyfuse3.Operations):
                 break  # (a stage that stays is a batch's draft, or an unlinked file's)
         if self.files.held(src) is not None:  # the commit went to an open batch
             raise pyfuse3.FUSEError(errno.EXDEV)
+        journaled = self.files.journaled(path)
+        digest = None  # the new name's bytes, for its history and the path index
+        fd = _open_quietly(self.ws.root_fd, rel(src.path)) if journaled else None
+        if fd is not None:
+            try:
+                digest = await self.ws.digest(fd)
+            finally:
+                os.close(fd)
         with self._journal(
-            self.files.journaled(path), ctx, "link", path, source=fsdecode(src.path)
-        ) as late:
+            journaled, ctx, "link", path, source=fsdecode(src.path), intended=digest
+        ):
             os.link(
                 rel(src.path),
                 path,
@@ -686,12 +701,8 @@ class Operations(pyfuse3.Operations):
                 dst_dir_fd=self.ws.root_fd,
                 follow_symlinks=False,
             )
-            # The new name's bytes, for its history (hashed with the group).
-            how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-            with contextlib.suppress(OSError):
-                late["hash_fd"] = os.open(path, how, dir_fd=self.ws.root_fd)
         attr = self._new_entry(path, ctx)
-        batch = self.batches.for_writer(self._who(ctx)) if self.files.journaled(path) else None
+        batch = self.batches.for_writer(self._who(ctx)) if journaled else None
         if batch is not None:
             await self.batches.made_link(batch, path, self.inodes.by_path[path].key[1])
         return attr
@@ -793,7 +804,8 @@ class Operations(pyfuse3.Operations):
                 )
             except FileNotFoundError:
                 dst_st = None
-            if dst_st is not None and (sst.st_dev, sst.st_ino) == (dst_st.st_dev, dst_st.st_ino):
+            same = dst_st is not None and (sst.st_dev, sst.st_ino) == (dst_st.st_dev, dst_st.st_ino)
+            if same and not flags & pyfuse3.RENAME_NOREPLACE:
                 return  # two names of one file: rename(2) does nothing and succeeds
             is_dir = stat.S_ISDIR(sst.st_mode)
             journaled = self.files.journaled(src, sst, is_dir) or self.files.journaled(
