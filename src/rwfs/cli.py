@@ -180,7 +180,9 @@ journaled, and a write that would break a file is refused. Its control directory
   bytes, the version you started from and a three-way merge are in `.rw/conflicts/<id>/`
   (`intended`, `base`, `merged`); `echo keep-actual > .rw/conflicts/<id>/ctl` (or
   `take-intended`, or `resolved` after merging by hand) settles it.
-- **EIO** means the journal could not record the write: nothing was written.
+- **EIO** means the journal cannot commit: that write was not made (the file keeps its
+  previous bytes), or, from `fsync()` of a file closed earlier, its commit is queued and
+  not durable yet. `.rw/last-error` says which; `.rw/status` (`journal`) says since when.
 - `.rw/history/<path>/` holds every earlier version of a file (also of deleted files);
   `mkdir .rw/snapshots/NAME` names this point, and `echo 'restore NAME' > .rw/ctl` brings
   the files back to it (`echo 'undo BATCH' > .rw/ctl` undoes one batch). Both are
