@@ -268,6 +268,7 @@ def umount(mountpoint: str, timeout: float = 60.0, wait: float = UMOUNT_WAIT) ->
                 flush=True,
             )
             time.sleep(min(1.0, left))
+    status = mount_status(mountpoint) or status  # for the message below, if commits are left
     res = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
     if res.returncode != 0:
         raise QuietError(f"unmounting {mountpoint} failed: {res.stderr.strip()}")
