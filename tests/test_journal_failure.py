@@ -195,6 +195,11 @@ def test_a_failing_journal_refuses_new_commits_and_lands_the_queued_ones_later(
         assert err.value.errno == errno.EIO
         assert (m.path / "f01.txt").read_bytes() == data(1)
 
+        # A view that must include every acknowledged write says it cannot.
+        with pytest.raises(OSError) as err:
+            os.listdir(m.path / ".rw" / "history")
+        assert err.value.errno == errno.EIO
+
         # Failed retries add no intent-log generations.
         before = intent_logs(ws)
         for _ in range(3):
