@@ -193,9 +193,8 @@ class Files:
         """Wait until the inode's queued commit is in the tree (a draft an open batch
         holds stays until the batch commits: there is nothing to wait for)."""
         while inode.pending is not None and not inode.pending.held:
-            commit = inode.pending
-            await self.ws.sync()
-            await commit.done.wait()
+            # EIO while the journal cannot record it (the commit stays queued).
+            await self.ws.settle_commit(inode.pending)
 
     def queued(self, path: bytes) -> list[Commit]:
         """The commits at ``path`` or below it that are queued or being applied."""
@@ -209,8 +208,7 @@ class Files:
         if inode is not None:
             await self.settle(inode)  # its commit may not be queued yet
         while busy := self.queued(path):
-            await self.ws.sync()
-            await busy[0].done.wait()
+            await self.ws.settle_commit(busy[0])
 
     def committed(self, c: Commit) -> None:
         """Called by the committer (on the loop) once a queued commit is settled."""

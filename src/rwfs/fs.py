@@ -28,12 +28,14 @@ from .control import CDir, CFile, Control
 from .files import Files
 from .inodes import ROOT, Inode, InodeTable
 from .objects import EMPTY_DIGEST
+from .store import JournalUnavailable
 from .workspace import (
     RwfsError,
     Stage,
     Workspace,
     borrowed,
     fsdecode,
+    journal_unavailable,
     rel,
     renameat2,
 )
@@ -76,6 +78,13 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
                 if quiet:
                     return None
                 raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+            except JournalUnavailable as exc:
+                # LMDB could not commit an operation that writes it directly (a refusal's
+                # record, a batch's hold): EIO, as SPEC §7.2 says, and the envelope.
+                self.control.fail(journal_unavailable(b"", str(exc)))
+                if quiet:
+                    return None
+                raise pyfuse3.FUSEError(errno.EIO) from None
             except Exception:
                 log.exception("%s failed", fn.__name__)
                 if quiet:
