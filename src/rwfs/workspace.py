@@ -264,6 +264,10 @@ class Workspace:
         self.intents: IntentLog | None = None
         # (st_dev, st_ino) -> (stat signature, digest): a file is rehashed only when changed.
         self._digests: dict[tuple[int, int], tuple[tuple[int, int, int], str]] = {}
+        # Hard links (other_names): each file's names last found, and the link count at
+        # which the whole tree was last walked for them.
+        self._links_seen: dict[tuple[int, int], set[bytes]] = {}
+        self._walked: dict[tuple[int, int], int] = {}
         self._queue: list[Commit | Event] = []
         self._has_work = trio.Event()
         self._urgent = trio.Event()
@@ -1334,13 +1338,55 @@ class Workspace:
     def other_names(
         self, path: bytes, st: os.stat_result, hints: tuple[bytes, ...] = ()
     ) -> list[bytes]:
-        """The workspace's other names of the file at ``path`` (hard links), looked for in
-        the directories of ``path`` and of ``hints``: a link elsewhere that no one looked up
-        through the mount is not found (docs/history.md)."""
-        found: list[bytes] = []
-        want = st.st_nlink - 1
-        dirs = sorted({p.rpartition(b"/")[0] for p in (path, *hints)})
-        for d in dirs:
+        """The workspace's other names of the file at ``path`` (hard links): looked for in
+        the directories of ``path`` and of ``hints`` first, then, if the link count says
+        some are still missing, in the whole tree, once per file and link count (a name
+        outside the workspace is never found: the walk is not made again for it)."""
+        key, want = (st.st_dev, st.st_ino), st.st_nlink - 1
+        found = set(self._links_seen.get(key, ()))
+        for d in {p.rpartition(b"/")[0] for p in (path, *hints)}:
+            found |= self._scan(d, st)
+        found = {p for p in found if p != path and self._same(p, st)}
+        if len(found) < want and self._walked.get(key) != st.st_nlink:
+            found |= {p for p in self._walk(b"", st) if p != path}
+            self._walked[key] = st.st_nlink
+        self._links_seen[key] = found | {path}
+        if len(self._links_seen) > 10_000:
+            self._links_seen.clear()
+            self._walked.clear()
+        return sorted(found)
+
+    def _same(self, path: bytes, st: os.stat_result) -> bool:
+        try:
+            got = os.stat(rel(path), dir_fd=self.root_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return (got.st_dev, got.st_ino) == (st.st_dev, st.st_ino)
+
+    def _scan(self, d: bytes, st: os.stat_result) -> frozenset[bytes]:
+        """The names in directory ``d`` of the file ``st`` (by the entries' inode numbers,
+        then a stat of each match)."""
+        out = set()
+        try:
+            dfd = os.open(rel(d), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.root_fd)
+        except OSError:
+            return frozenset()
+        try:
+            with os.scandir(dfd) as it:
+                for e in it:
+                    if e.inode() == st.st_ino:
+                        name = os.fsencode(e.name)
+                        out.add(d + b"/" + name if d else name)
+        finally:
+            os.close(dfd)
+        return frozenset(out)
+
+    def _walk(self, top: bytes, st: os.stat_result) -> set[bytes]:
+        """``_scan`` of every directory below ``top`` (the state directory excepted)."""
+        found: set[bytes] = set()
+        todo = [top]
+        while todo:
+            d = todo.pop()
             try:
                 dfd = os.open(
                     rel(d), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.root_fd
@@ -1350,21 +1396,16 @@ class Workspace:
             try:
                 with os.scandir(dfd) as it:
                     for e in it:
-                        name = os.fsencode(e.name)
-                        p = d + b"/" + name if d else name
-                        if e.inode() != st.st_ino or p == path or p == b".rw":
+                        p = d + b"/" + os.fsencode(e.name) if d else os.fsencode(e.name)
+                        if p == b".rw":
                             continue
-                        try:
-                            other = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                        except OSError:
-                            continue
-                        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
-                            found.append(p)
+                        if e.is_dir(follow_symlinks=False):
+                            todo.append(p)
+                        elif e.inode() == st.st_ino and self._same(p, st):
+                            found.add(p)
             finally:
                 os.close(dfd)
-            if len(found) >= want:
-                break
-        return sorted(found)
+        return found
 
     def _keep_copy(self, path: bytes) -> str:
         fd = os.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.root_fd)
