@@ -368,9 +368,11 @@ class Operations(pyfuse3.Operations):
             st = os.fstat(inode.stage.fd)
             if inode.fd < 0 or inode.virtual:
                 return st
-            # The stage's bytes, the file's links (a hard-linked file is staged too).
+            # The stage's bytes, the file's links (a hard-linked file is staged too). Only
+            # a count above 1 is the file's: a commit's rename leaves the old inode, still
+            # open here, with none.
             nlink = os.fstat(inode.fd).st_nlink
-            if nlink == st.st_nlink:
+            if nlink <= st.st_nlink:
                 return st
             fields = list(st)
             fields[stat.ST_NLINK] = nlink
