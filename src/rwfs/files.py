@@ -38,16 +38,23 @@ States of a path:
 - **hidden** (``hidden``): a file an open batch deletes: gone from the view, in the tree
   until the batch commits (``committed`` of a deletion, ``intended is None``).
 
-The batch's side of the namespace is decided here too: an unlink a batch takes
-(``hide``), of its new file (``drop_virtual``), a rename of its new file
+The namespace is decided here too: what an ``unlink``/``rmdir`` (``remove``), a ``rename``
+(``rename``: settled and gated onto a journaled file until nothing is queued at either
+name), a ``link`` and a ``create`` in an open batch (``create_in_batch``) become, each
+journaled around its syscall (``Workspace.operation``). The batch's side: an unlink a
+batch takes (``hide``), of its new file (``drop_virtual``), a rename of its new file
 (``rename_virtual``, gated like ``gate_rename`` onto a file the mount shows), and EXDEV for
 any other rename a batch would have to take (``batch_rename``). A held draft that ends
-while descriptors are open on it is let go, not dropped (``letting_go``).
+while descriptors are open on it is let go, not dropped (``letting_go``). A removal is
+remembered for a while (``path_removed``): a new file made there is gated as a save of
+the removed one (``_recreated``).
 
 Meanwhile a path may be renamed (``Inode.paths`` moves, a queued commit is settled first:
 ``settle_below``), unlinked (no path left: the seal's result is dropped, ``orphan_stage``;
-descriptors still open keep the stage until the last release), or linked (``fs.link``
-commits and settles first, and refuses a file a batch holds). The read records
+descriptors still open keep the stage until the last release), or linked (``link``
+commits and settles first, and refuses a file a batch holds). A hard-linked file is one
+inode under several paths; its commit is written into that inode (workspace.py,
+``_write_in_place``). The read records
 (``reads``, ``read_at``) remember what each process read, so that a commit over a version
 it never saw is a stale write (SPEC §6.4; ``path_leaves`` before a path stops naming its
 file).
@@ -91,10 +98,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from . import faults
 from .batches import Batches
 from .inodes import Inode, InodeTable
 from .objects import EMPTY_DIGEST
-from .workspace import Commit, Stage, Workspace, borrowed, fsdecode, rel
+from .workspace import Commit, Stage, Workspace, borrowed, fsdecode, rel, renameat2
 
 # Stale writes: the (process, file) pairs remembered before all are forgotten, and the
 # replaced files whose bytes are held open, so that a process that read one can be told
@@ -105,6 +113,30 @@ GONE_MAX = 256
 # a save of that file (Files._recreated); at most REMOVED_MAX removals are remembered.
 RECREATE_S = 10.0
 REMOVED_MAX = 64
+
+
+def open_regular(root_fd: int, path: bytes) -> int | None:
+    """A descriptor of the regular file at ``path`` to read, or None (never a device's or
+    a FIFO's: opening one can block or act)."""
+    how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        if not stat.S_ISREG(os.stat(path, dir_fd=root_fd, follow_symlinks=False).st_mode):
+            return None
+        fd = os.open(path, how, dir_fd=root_fd)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
+        os.close(fd)
+        return None
+    return fd
+
+
+def _exists(root_fd: int, path: bytes) -> bool:
+    try:
+        os.stat(path, dir_fd=root_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def _refused(code: int) -> OSError:
@@ -445,6 +477,216 @@ class Files:
         if gone is not None:
             self.inodes.orphan(gone)
         return True
+
+    # ---- the namespace: what an unlink, a rename, a link or a create of a file becomes ----
+
+    def path_made_by(self, path: bytes, ino: int, who: dict[str, Any]) -> None:
+        if self.read_at.get(path):
+            self.path_made(path, ino, who["pid"])
+
+    def _leaves(self, path: bytes, who: dict[str, Any], now: Inode | None = None) -> None:
+        if self.read_at.get(path):
+            self.path_leaves(path, who["pid"], now)
+
+    async def remove(self, path: bytes, who: dict[str, Any], is_dir: bool) -> None:
+        """unlink(2) or rmdir(2) of ``path``: an open batch's new file is forgotten, a file
+        a batch takes is hidden until its commit; otherwise the removal reaches the tree,
+        journaled with the removed bytes kept (and remembered for a save that makes the
+        file again: ``_recreated``)."""
+        virtual = self.virtual.get(path)
+        if virtual is not None:
+            if is_dir:
+                raise _refused(errno.ENOTDIR)
+            await self.drop_virtual(virtual)
+            return
+        inode = self.inodes.by_path.get(path)
+        if not is_dir and await self.hide(path, inode, who):
+            return
+        if inode is not None:
+            await self.settle(inode)
+        # Kept for the kernel, which may still hold a directory (a shell's cwd).
+        st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        if is_dir:
+            with self.ws.operation(self.journaled(path, None, True), who, "rmdir", path):
+                os.rmdir(path, dir_fd=self.ws.root_fd)
+        else:
+            self._leaves(path, who)
+            incoming = removed = None
+            journaled = self.journaled(path, st)
+            if journaled and stat.S_ISREG(st.st_mode):
+                incoming = await self.ws.keep_removed(path, st)  # keep the bytes
+                if st.st_size:  # for a save that makes the file again (_recreated)
+                    removed = open_regular(self.ws.root_fd, path)
+            try:
+                mode = stat.S_IMODE(st.st_mode)  # of the file removed: undo, restore use it
+                with self.ws.operation(journaled, who, "unlink", path, incoming, mode=mode):
+                    os.unlink(path, dir_fd=self.ws.root_fd)
+                    faults.point("after_unlink")
+            except OSError:
+                if incoming is not None:
+                    os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
+                if removed is not None:
+                    os.close(removed)
+                raise
+            if removed is not None:
+                self.path_removed(path, who, removed)
+        gone = self.inodes.detach(path)
+        # Its backing inode number is free for reuse now (a directory has no other name).
+        if gone is not None and (is_dir or st.st_nlink == 1):
+            self.inodes.orphan(gone)
+            if is_dir:
+                gone.removed = st
+
+    async def rename(self, src: bytes, dst: bytes, flags: int, who: dict[str, Any]) -> None:
+        """rename(2): a rename onto a journaled file is a commit of it (gated first), the
+        replaced bytes are kept, the moved file's digest journaled; an open batch's files
+        are renamed within the batch, and a rename a batch would have to take is EXDEV
+        (mv and most tools then copy and delete, which the batch holds)."""
+        if src in self.virtual or dst in self.virtual:
+            await self.rename_virtual(src, dst, flags, who)
+            return
+        if self.batch_rename(src, dst, who):
+            raise _refused(errno.EXDEV)
+        exchange = bool(flags & RENAME_EXCHANGE)
+        # Nothing queued may be left at either name when the rename runs: a commit names
+        # its path, which the rename would make stale (a conflict, ESTALE to a writer
+        # waiting in fsync). Writers can queue more while this waits or gates: again.
+        while True:
+            for p in (src, dst):
+                await self.settle_below(p)
+            sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            try:
+                dst_st: os.stat_result | None = os.stat(
+                    dst, dir_fd=self.ws.root_fd, follow_symlinks=False
+                )
+            except FileNotFoundError:
+                dst_st = None
+            same = dst_st is not None and (sst.st_dev, sst.st_ino) == (dst_st.st_dev, dst_st.st_ino)
+            if same and not flags & RENAME_NOREPLACE:
+                return  # two names of one file: rename(2) does nothing and succeeds
+            is_dir = stat.S_ISDIR(sst.st_mode)
+            journaled = self.journaled(src, sst, is_dir) or self.journaled(dst, dst_st, is_dir)
+            if (
+                journaled
+                and not flags
+                and dst_st is not None
+                and stat.S_ISREG(dst_st.st_mode)
+                and stat.S_ISREG(sst.st_mode)
+            ):
+                await self.gate_rename(src, dst, who)
+            if not self.queued(src) and not self.queued(dst):
+                break
+        if journaled:
+            moved = None if exchange else self.inodes.by_path.get(src)
+            self._leaves(src, who)
+            if dst_st is not None:
+                self._leaves(dst, who, moved)
+        incoming = None
+        if journaled and not exchange and dst_st is not None and stat.S_ISREG(dst_st.st_mode):
+            incoming = await self.ws.keep_removed(dst, dst_st)  # keep the replaced bytes
+        moved_fd = None
+        if journaled and stat.S_ISREG(sst.st_mode):
+            moved_fd = os.open(
+                src,
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                dir_fd=self.ws.root_fd,
+            )
+        # A file renamed away may be made again at its name (vim's default save).
+        removed = (
+            os.dup(moved_fd) if moved_fd is not None and sst.st_size and not exchange else None
+        )
+        try:
+            with self.ws.operation(
+                journaled,
+                who,
+                "rename",
+                src,
+                incoming,
+                dest=fsdecode(dst),
+                exchange=exchange or None,
+            ) as late:
+                renameat2(self.ws.root_fd, src, self.ws.root_fd, dst, flags)
+                late["hash_fd"] = moved_fd
+        except OSError:
+            if incoming is not None:
+                os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
+            for fd in (moved_fd, removed):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        self.forget_removed(dst)
+        if removed is not None:
+            self.path_removed(src, who, removed)
+        if exchange:
+            self.inodes.exchange(src, dst)  # a directory's children move with it
+        else:
+            if dst_st is not None:
+                gone = self.inodes.detach(dst)
+                if gone is not None and dst_st.st_nlink == 1 and not stat.S_ISDIR(dst_st.st_mode):
+                    self.inodes.orphan(gone)
+            self.inodes.move(src, dst)
+
+    async def link(self, src: Inode, path: bytes, who: dict[str, Any]) -> None:
+        """link(2): a new name of a file, journaled with the file's digest. Not of a file
+        whose bytes are an open batch's (its draft, or a name it deletes): EXDEV."""
+        if src.virtual or self.held(src) is not None or path in self.hidden:
+            # The tree does not hold what the mount shows at one of the two names: a link
+            # there would not link it.
+            raise _refused(errno.EXDEV)
+        # The new name must reach the bytes every reader sees: commit an open stage (say,
+        # a truncate(2) while a descriptor is open) before linking the backing file, again
+        # if a writer opened another meanwhile.
+        while True:
+            before = src.stage
+            await self.commit(src, who, wait=True)
+            await self.settle(src)
+            if src.stage is None or src.stage is before or not src.paths:
+                break  # (a stage that stays is a batch's draft, or an unlinked file's)
+        if self.held(src) is not None:  # the commit went to an open batch
+            raise _refused(errno.EXDEV)
+        journaled = self.journaled(path)
+        digest = None  # the new name's bytes, for its history and the path index
+        fd = open_regular(self.ws.root_fd, rel(src.path)) if journaled else None
+        if fd is not None:
+            try:
+                digest = await self.ws.digest(fd)
+            finally:
+                os.close(fd)
+        with self.ws.operation(
+            journaled, who, "link", path, source=fsdecode(src.path), intended=digest
+        ):
+            os.link(
+                rel(src.path),
+                path,
+                src_dir_fd=self.ws.root_fd,
+                dst_dir_fd=self.ws.root_fd,
+                follow_symlinks=False,
+            )
+        batch = self.batches.for_writer(who) if journaled else None
+        if batch is not None:  # an abort removes it again
+            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            await self.batches.made_link(batch, path, st.st_ino)
+
+    async def create_in_batch(
+        self, path: bytes, mode: int, who: dict[str, Any], owner: tuple[int, int]
+    ) -> Inode | None:
+        """create(2) by a writer of an open batch, or where a batch deletes a file: the new
+        file is only a stage until the batch commits (a virtual inode, returned); None if
+        the new file is the tree's."""
+        if not self.journaled(path) or path in self.virtual:
+            return None
+        # A file an open batch deletes is the batch's, whoever makes it again.
+        held = self.batches.holding(path) if path in self.hidden else None
+        batch = held or self.batches.for_writer(who)
+        if batch is None or not (path in self.hidden or not _exists(self.ws.root_fd, path)):
+            return None
+        self.hidden.discard(path)
+        stage = await self.ws.empty_stage(mode, *owner)
+        inode = self.inodes.add_virtual(path)
+        inode.stage = stage
+        inode.lookups += 1
+        self.virtual[path] = inode
+        return inode
 
     def batch_rename(self, src: bytes, dst: bytes, who: dict[str, Any]) -> bool:
         if src in self.hidden or dst in self.hidden:

@@ -7,7 +7,6 @@ and becomes EIO. ``forget`` and ``release`` never raise.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import logging
@@ -15,14 +14,14 @@ import math
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pyfuse3
 import trio
 
-from . import faults, kernelflags, parsers
+from . import kernelflags, parsers
 from .batches import Batches
 from .control import CDir, CFile, Control
 from .files import Files
@@ -37,7 +36,6 @@ from .workspace import (
     fsdecode,
     journal_unavailable,
     rel,
-    renameat2,
 )
 
 log = logging.getLogger("rwfs.fs")
@@ -136,30 +134,6 @@ _STAT_EXTRA = (
     "st_blocks",
     "st_rdev",
 )
-
-
-def _open_quietly(root_fd: int, path: bytes) -> int | None:
-    """A descriptor of the regular file at ``path`` to read, or None (never a device's or
-    a FIFO's: opening one can block or act)."""
-    how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        if not stat.S_ISREG(os.stat(path, dir_fd=root_fd, follow_symlinks=False).st_mode):
-            return None
-        fd = os.open(path, how, dir_fd=root_fd)
-    except OSError:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
-        os.close(fd)
-        return None
-    return fd
-
-
-def _exists(root_fd: int, path: bytes) -> bool:
-    try:
-        os.stat(path, dir_fd=root_fd, follow_symlinks=False)
-        return True
-    except FileNotFoundError:
-        return False
 
 
 @dataclass(eq=False)
@@ -476,38 +450,6 @@ class Operations(pyfuse3.Operations):
         ev = {"op": op, "path": fsdecode(path), "batch": None, **extra, **self._who(ctx)}
         return {k: v for k, v in ev.items() if v is not None}
 
-    @contextlib.contextmanager
-    def _journal(
-        self,
-        journaled: bool,
-        ctx: Any,
-        op: str,
-        path: bytes,
-        incoming: bytes | None = None,
-        **extra: Any,
-    ) -> Iterator[dict[str, Any]]:
-        """Journal a namespace operation around its syscall: announced before, confirmed
-        after, cancelled if it raised. The caller may set ``hash_fd`` in the yielded dict."""
-        if not journaled:
-            yield {}
-            return
-        item = self.ws.announce(self._event(ctx, op, path, extra), incoming)
-        late: dict[str, Any] = {}
-        try:
-            yield late
-        except BaseException:
-            self.ws.cancel(item)
-            raise
-        self.ws.confirm(item, late.get("hash_fd"))
-
-    def _path_made(self, path: bytes, ino: int, ctx: Any) -> None:
-        if self.files.read_at.get(path):  # (the writer is looked up only if needed)
-            self.files.path_made(path, ino, self._who(ctx)["pid"])
-
-    def _path_leaves(self, path: bytes, ctx: Any, now: Inode | None = None) -> None:
-        if self.files.read_at.get(path):
-            self.files.path_leaves(path, self._who(ctx)["pid"], now)
-
     # ---- lookup and attributes ----
 
     @_guard()
@@ -636,8 +578,8 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
-        with self._journal(
-            self.files.journaled(path), ctx, "create", path, type=stat.filemode(mode)[0]
+        with self.ws.operation(
+            self.files.journaled(path), self._who(ctx), "create", path, type=stat.filemode(mode)[0]
         ):
             os.mknod(path, mode & ~ctx.umask, rdev, dir_fd=self.ws.root_fd)
         return self._new_entry(path, ctx)
@@ -655,7 +597,7 @@ class Operations(pyfuse3.Operations):
             return self._control_attr(child)
         path = self._parent_path(parent_inode, name)
         journaled = self.files.journaled(path, None, True)
-        with self._journal(journaled, ctx, "mkdir", path):
+        with self.ws.operation(journaled, self._who(ctx), "mkdir", path):
             os.mkdir(path, mode & ~ctx.umask, dir_fd=self.ws.root_fd)
         batch = self.batches.for_writer(self._who(ctx)) if journaled else None
         if batch is not None:
@@ -667,8 +609,8 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, target: bytes, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
-        with self._journal(
-            self.files.journaled(path), ctx, "symlink", path, target=fsdecode(target)
+        with self.ws.operation(
+            self.files.journaled(path), self._who(ctx), "symlink", path, target=fsdecode(target)
         ):
             os.symlink(target, path, dir_fd=self.ws.root_fd)
         return self._new_entry(path, ctx)
@@ -679,92 +621,12 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         src = self._inode(inode)
         path = self._parent_path(new_parent_inode, new_name)
-        if src.virtual or self.files.held(src) is not None or path in self.files.hidden:
-            # The tree does not hold what the mount shows at one of the two names (an
-            # open batch's draft, or its deletion): a link there would not link it.
-            raise pyfuse3.FUSEError(errno.EXDEV)
-        # The new name must reach the bytes every reader sees: commit an open stage (say,
-        # a truncate(2) while a descriptor is open) before linking the backing file, again
-        # if a writer opened another meanwhile.
-        while True:
-            before = src.stage
-            await self.files.commit(src, self._who(ctx), wait=True)
-            await self.files.settle(src)
-            if src.stage is None or src.stage is before or not src.paths:
-                break  # (a stage that stays is a batch's draft, or an unlinked file's)
-        if self.files.held(src) is not None:  # the commit went to an open batch
-            raise pyfuse3.FUSEError(errno.EXDEV)
-        journaled = self.files.journaled(path)
-        digest = None  # the new name's bytes, for its history and the path index
-        fd = _open_quietly(self.ws.root_fd, rel(src.path)) if journaled else None
-        if fd is not None:
-            try:
-                digest = await self.ws.digest(fd)
-            finally:
-                os.close(fd)
-        with self._journal(
-            journaled, ctx, "link", path, source=fsdecode(src.path), intended=digest
-        ):
-            os.link(
-                rel(src.path),
-                path,
-                src_dir_fd=self.ws.root_fd,
-                dst_dir_fd=self.ws.root_fd,
-                follow_symlinks=False,
-            )
-        attr = self._new_entry(path, ctx)
-        batch = self.batches.for_writer(self._who(ctx)) if journaled else None
-        if batch is not None:
-            await self.batches.made_link(batch, path, self.inodes.by_path[path].key[1])
-        return attr
+        await self.files.link(src, path, self._who(ctx))
+        return self._new_entry(path, ctx)
 
     async def _remove(self, parent_inode: int, name: bytes, ctx: Any, is_dir: bool) -> None:
         path = self._parent_path(parent_inode, name)
-        virtual = self.files.virtual.get(path)
-        if virtual is not None:
-            if is_dir:
-                raise pyfuse3.FUSEError(errno.ENOTDIR)
-            await self.files.drop_virtual(virtual)
-            return
-        inode = self.inodes.by_path.get(path)
-        if not is_dir and await self.files.hide(path, inode, self._who(ctx)):
-            return
-        if inode is not None:
-            await self.files.settle(inode)
-        st = None
-        if is_dir:
-            # Kept for the kernel, which may still hold the directory (a shell's cwd).
-            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            with self._journal(self.files.journaled(path, None, True), ctx, "rmdir", path):
-                os.rmdir(path, dir_fd=self.ws.root_fd)
-        else:
-            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            self._path_leaves(path, ctx)
-            incoming = removed = None
-            journaled = self.files.journaled(path, st)
-            if journaled and stat.S_ISREG(st.st_mode):
-                incoming = await self.ws.keep_removed(path, st)  # keep the bytes
-                if st.st_size:  # for a save that makes the file again (Files._recreated)
-                    removed = _open_quietly(self.ws.root_fd, path)
-            try:
-                mode = stat.S_IMODE(st.st_mode)  # of the file removed: undo, restore use it
-                with self._journal(journaled, ctx, "unlink", path, incoming, mode=mode):
-                    os.unlink(path, dir_fd=self.ws.root_fd)
-                    faults.point("after_unlink")
-            except OSError:
-                if incoming is not None:
-                    os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
-                if removed is not None:
-                    os.close(removed)
-                raise
-            if removed is not None:
-                self.files.path_removed(path, self._who(ctx), removed)
-        gone = self.inodes.detach(path)
-        # Its backing inode number is free for reuse now (a directory has no other name).
-        if gone is not None and (is_dir or (st is not None and st.st_nlink == 1)):
-            self.inodes.orphan(gone)
-            if is_dir:
-                gone.removed = st
+        await self.files.remove(path, self._who(ctx), is_dir)
 
     @_guard()
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -794,93 +656,7 @@ class Operations(pyfuse3.Operations):
     ) -> None:
         src = self._parent_path(old_parent, old_name)
         dst = self._parent_path(new_parent, new_name)
-        if src in self.files.virtual or dst in self.files.virtual:
-            await self.files.rename_virtual(src, dst, flags, self._who(ctx))
-            return
-        if self.files.batch_rename(src, dst, self._who(ctx)):
-            # A rename in an open batch is a copy and a deletion (mv and most tools do
-            # that on EXDEV), both held by the batch.
-            raise pyfuse3.FUSEError(errno.EXDEV)
-        exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
-        # Nothing queued may be left at either name when the rename runs: a commit names
-        # its path, which the rename would make stale (a conflict, ESTALE to a writer
-        # waiting in fsync). Writers can queue more while this waits or gates: again.
-        while True:
-            for p in (src, dst):
-                await self.files.settle_below(p)
-            sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            try:
-                dst_st: os.stat_result | None = os.stat(
-                    dst, dir_fd=self.ws.root_fd, follow_symlinks=False
-                )
-            except FileNotFoundError:
-                dst_st = None
-            same = dst_st is not None and (sst.st_dev, sst.st_ino) == (dst_st.st_dev, dst_st.st_ino)
-            if same and not flags & pyfuse3.RENAME_NOREPLACE:
-                return  # two names of one file: rename(2) does nothing and succeeds
-            is_dir = stat.S_ISDIR(sst.st_mode)
-            journaled = self.files.journaled(src, sst, is_dir) or self.files.journaled(
-                dst, dst_st, is_dir
-            )
-            if (
-                journaled
-                and not flags
-                and dst_st is not None
-                and stat.S_ISREG(dst_st.st_mode)
-                and stat.S_ISREG(sst.st_mode)
-            ):
-                await self.files.gate_rename(src, dst, self._who(ctx))
-            if not self.files.queued(src) and not self.files.queued(dst):
-                break
-        if journaled:
-            moved = None if exchange else self.inodes.by_path.get(src)
-            self._path_leaves(src, ctx)
-            if dst_st is not None:
-                self._path_leaves(dst, ctx, moved)
-        incoming = None
-        if journaled and not exchange and dst_st is not None and stat.S_ISREG(dst_st.st_mode):
-            incoming = await self.ws.keep_removed(dst, dst_st)  # keep the replaced bytes
-        moved_fd = None
-        if journaled and stat.S_ISREG(sst.st_mode):
-            moved_fd = os.open(
-                src,
-                os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                dir_fd=self.ws.root_fd,
-            )
-        # A file renamed away may be made again at its name (vim's default save).
-        removed = (
-            os.dup(moved_fd) if moved_fd is not None and sst.st_size and not exchange else None
-        )
-        try:
-            with self._journal(
-                journaled,
-                ctx,
-                "rename",
-                src,
-                incoming,
-                dest=fsdecode(dst),
-                exchange=exchange or None,
-            ) as late:
-                renameat2(self.ws.root_fd, src, self.ws.root_fd, dst, flags)
-                late["hash_fd"] = moved_fd
-        except OSError:
-            if incoming is not None:
-                os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
-            for fd in (moved_fd, removed):
-                if fd is not None:
-                    os.close(fd)
-            raise
-        self.files.forget_removed(dst)
-        if removed is not None:
-            self.files.path_removed(src, self._who(ctx), removed)
-        if exchange:
-            self.inodes.exchange(src, dst)  # a directory's children move with it
-        else:
-            if dst_st is not None:
-                gone = self.inodes.detach(dst)
-                if gone is not None and dst_st.st_nlink == 1 and not stat.S_ISDIR(dst_st.st_mode):
-                    self.inodes.orphan(gone)
-            self.inodes.move(src, dst)
+        await self.files.rename(src, dst, flags, self._who(ctx))
 
     # ---- files ----
 
@@ -952,37 +728,18 @@ class Operations(pyfuse3.Operations):
             fi = await self.open(child.ino, flags, ctx)
             return fi, self._control_attr(child)
         path = self._parent_path(parent_inode, name)
-        batch = None
-        if self.files.journaled(path):
-            # A file an open batch deletes is the batch's, whoever makes it again.
-            held = self.batches.holding(path) if path in self.files.hidden else None
-            batch = held or self.batches.for_writer(self._who(ctx))
-        if (
-            batch is not None
-            and path not in self.files.virtual
-            and (path in self.files.hidden or not _exists(self.ws.root_fd, path))
-        ):
-            self.files.hidden.discard(path)
-            # A new file of an open batch: only a stage until the batch commits.
-            stage = await self.ws.empty_stage(mode & ~ctx.umask & 0o7777, ctx.uid, ctx.gid)
-            inode = self.inodes.add_virtual(path)
-            inode.stage = stage
-            inode.lookups += 1
-            self.files.virtual[path] = inode
-            attr = self._attr(inode.ino, self._stat(inode))
+        who = self._who(ctx)
+        made = mode & ~ctx.umask & 0o7777
+        virtual = await self.files.create_in_batch(path, made, who, (ctx.uid, ctx.gid))
+        if virtual is not None:
+            attr = self._attr(virtual.ino, self._stat(virtual))
             fi = await self.open(attr.st_ino, flags & ~(os.O_EXCL | os.O_TRUNC), ctx)
             return fi, attr
         how = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         created = False
         try:
-            made = mode & ~ctx.umask & 0o7777
-            with self._journal(
-                self.files.journaled(path),
-                ctx,
-                "create",
-                path,
-                intended=EMPTY_DIGEST,
-                mode=made,
+            with self.ws.operation(
+                self.files.journaled(path), who, "create", path, intended=EMPTY_DIGEST, mode=made
             ):
                 os.close(os.open(path, how, made, dir_fd=self.ws.root_fd))
             created = True
@@ -992,7 +749,7 @@ class Operations(pyfuse3.Operations):
             # Created by someone else since the kernel's lookup: open it, as open(2) would.
         attr = self._new_entry(path, ctx)
         if created:
-            self._path_made(path, attr.st_ino, ctx)
+            self.files.path_made_by(path, attr.st_ino, who)
         fi = await self.open(attr.st_ino, flags & ~os.O_EXCL, ctx)
         return fi, attr
 

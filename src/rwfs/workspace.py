@@ -856,6 +856,32 @@ class Workspace:
         self.intents.append({**rec, "done": True} if done else rec)
         return item
 
+    @contextlib.contextmanager
+    def operation(
+        self,
+        journaled: bool,
+        who: dict[str, Any],
+        op: str,
+        path: bytes,
+        incoming: bytes | None = None,
+        **extra: Any,
+    ) -> Iterator[dict[str, Any]]:
+        """Journal a namespace operation around its syscall: announced before, confirmed
+        after, cancelled if it raised. The caller may set ``hash_fd`` in the yielded dict
+        (an open file whose digest becomes the event's ``intended``)."""
+        if not journaled:
+            yield {}
+            return
+        ev = {"op": op, "path": fsdecode(path), "batch": None, **extra, **who}
+        item = self.announce({k: v for k, v in ev.items() if v is not None}, incoming)
+        late: dict[str, Any] = {}
+        try:
+            yield late
+        except BaseException:
+            self.cancel(item)
+            raise
+        self.confirm(item, late.get("hash_fd"))
+
     def confirm(self, item: Event, hash_fd: int | None = None) -> None:
         """The announced operation succeeded: journal it."""
         assert self.intents is not None
