@@ -27,9 +27,9 @@ import pytest
 import trio
 from conftest import RWFS, Mount, check_clean, prepare_state, rwfs_mounted
 
-from rwfs.policy import DEFAULT_TEXT, Policy
-from rwfs.store import JournalUnavailable, Store
-from rwfs.workspace import Commit, RwfsError, Workspace
+from rwfs.policy import DEFAULT_TEXT
+from rwfs.store import JournalUnavailable
+from rwfs.workspace import Commit, RwfsError
 
 # Groups form only when asked (a sync, an fsync, a strict close): a test knows which
 # commits a failing group holds.
@@ -294,27 +294,12 @@ def test_strict_close_gets_eio_when_its_group_cannot_be_journaled(tmp_path: Path
 # ---- in process: a group whose receipts are prepared but whose record cannot be written ----
 
 
-@pytest.fixture
-def core(tmp_path: Path) -> Iterator[Any]:
-    root = tmp_path / "tree"
-    (root / ".rw").mkdir(parents=True)
-    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    state_fd = os.open(root / ".rw", os.O_RDONLY | os.O_DIRECTORY)
-    store = Store(str(root / ".rw" / "journal"))
-    w = Workspace(root_fd, state_fd, store, Policy())
-    w.tree = root  # type: ignore[attr-defined]
-    yield w
-    store.close()
-    os.close(root_fd)
-    os.close(state_fd)
-
-
-def test_a_group_whose_record_fails_is_recorded_by_the_retry(core: Any, monkeypatch: Any) -> None:
+def test_a_group_whose_record_fails_is_recorded_by_the_retry(ws: Any, monkeypatch: Any) -> None:
     """The receipts transaction commits, the commit-record transaction does not (the
     failure is injected there, in process: on a real full disk which of the two fails
     first is not known in advance). The file is in the tree, the retry writes only the
     record, and nothing is journaled twice."""
-    w = core
+    w = ws
     (w.tree / "f").write_bytes(b"old\n")
     real_write = w.store.write
 
