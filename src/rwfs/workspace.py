@@ -1389,48 +1389,37 @@ class Workspace:
             return False
         return (got.st_dev, got.st_ino) == (st.st_dev, st.st_ino)
 
-    def _scan(self, d: bytes, st: os.stat_result) -> frozenset[bytes]:
-        """The names in directory ``d`` of the file ``st`` (by the entries' inode numbers,
-        then a stat of each match)."""
-        out = set()
+    def _entries(self, d: bytes) -> list[tuple[bytes, os.DirEntry[str]]]:
+        """The entries of directory ``d`` of the tree, with their paths (none if it is
+        gone or not a directory)."""
         try:
             dfd = os.open(rel(d), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.root_fd)
         except OSError:
-            return frozenset()
+            return []
         try:
             with os.scandir(dfd) as it:
-                for e in it:
-                    if e.inode() == st.st_ino:
-                        name = os.fsencode(e.name)
-                        out.add(d + b"/" + name if d else name)
+                return [
+                    (d + b"/" + os.fsencode(e.name) if d else os.fsencode(e.name), e) for e in it
+                ]
         finally:
             os.close(dfd)
-        return frozenset(out)
+
+    def _scan(self, d: bytes, st: os.stat_result) -> set[bytes]:
+        """The names in directory ``d`` of the file ``st`` (by the entries' inode numbers)."""
+        return {p for p, e in self._entries(d) if e.inode() == st.st_ino}
 
     def _walk(self, top: bytes, st: os.stat_result) -> set[bytes]:
         """``_scan`` of every directory below ``top`` (the state directory excepted)."""
         found: set[bytes] = set()
         todo = [top]
         while todo:
-            d = todo.pop()
-            try:
-                dfd = os.open(
-                    rel(d), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.root_fd
-                )
-            except OSError:
-                continue
-            try:
-                with os.scandir(dfd) as it:
-                    for e in it:
-                        p = d + b"/" + os.fsencode(e.name) if d else os.fsencode(e.name)
-                        if p == b".rw":
-                            continue
-                        if e.is_dir(follow_symlinks=False):
-                            todo.append(p)
-                        elif e.inode() == st.st_ino and self._same(p, st):
-                            found.add(p)
-            finally:
-                os.close(dfd)
+            for p, e in self._entries(todo.pop()):
+                if p == b".rw":
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    todo.append(p)
+                elif e.inode() == st.st_ino and self._same(p, st):
+                    found.add(p)
         return found
 
     def _keep_copy(self, path: bytes) -> str:
