@@ -73,6 +73,13 @@ Concurrency (trio: tasks interleave only at ``await``):
   (a flush and the commit's ``done``) under ``inode.lock``: a commit point of the same
   inode waits; handlers that take no lock (a read, ``getattr``, an unlink or rename of
   the path) run meanwhile.
+- ``remove`` and ``rename`` await the settling of both names (``rename`` again until
+  nothing is queued at either after its gate), then, for one name of a hard-linked file,
+  the copy of its bytes (``Workspace.keep_removed``, a worker thread) before the syscall:
+  a commit through another name can land in that moment and put its bytes in the copy.
+  ``link`` awaits the commit of the source's stage and its digest. None holds an inode's
+  lock; a refusal of a save by re-creation awaits, under the lock, the stage and the
+  submit of the bytes it puts back (``_put_back``).
 - Other locks are taken only through the calls that need them: ``Batch.lock``
   (``batches.py``) serialises a batch's ``hold``, ``unhold``, ``commit`` and ``abort``;
   ``Workspace.commit_lock`` serialises the committer's groups, a batch's commit, and each
