@@ -142,6 +142,9 @@ class Handle:
     writable: bool
     dirty: bool = False  # written since this handle's last commit point
     info: dict[str, Any] = field(default_factory=dict)
+    # Opened with O_TRUNC, nothing written since: a close commits the empty file, unless
+    # another descriptor of the opener's can still write it (``_only_reference``).
+    truncated: bool = False
 
 
 @dataclass(eq=False)
@@ -710,7 +713,9 @@ class Operations(pyfuse3.Operations):
             if not writable and parsers.language(i.path) is not None:
                 self._to_prime = i.ino
                 self._read_one.set()
-        fh = self._fh(Handle(i, writable, info=who if writable else {}))
+        handle = Handle(i, writable, info=who if writable else {})
+        handle.truncated = bool(writable and journaled and flags & os.O_TRUNC)
+        fh = self._fh(handle)
         # A read-only handle commits nothing: its close needs no FLUSH.
         return pyfuse3.FileInfo(fh=fh | (0 if writable else kernelflags.NOFLUSH), keep_cache=True)
 
@@ -802,6 +807,28 @@ class Operations(pyfuse3.Operations):
         kernelflags.fast_writes(fh, i, stage)
         return n
 
+    def _only_reference(self, h: Handle) -> bool:
+        """Whether the handle's opener holds no other descriptor of the file (the one being
+        closed is gone from its table when the kernel sends the flush). Read from
+        /proc/PID/fd by readlink, which sends the mount nothing; False when unsure."""
+        pid = h.info.get("pid")
+        if not pid or not h.inode.paths:
+            return False
+        top = os.fsencode(self.control.info["mountpoint"])
+        names = {top + b"/" + p for p in h.inode.paths}
+        fds = f"/proc/{pid}/fd".encode()
+        try:
+            entries = os.listdir(fds)
+        except OSError:
+            return False
+        for e in entries:
+            try:
+                if os.readlink(fds + b"/" + e) in names:
+                    return False
+            except OSError:
+                continue
+        return True
+
     def _in_place(self, i: Inode) -> bool:
         """Whether the open file's bytes are changed in place (not journaled)."""
         st = os.fstat(i.fd)
@@ -891,8 +918,11 @@ class Operations(pyfuse3.Operations):
                 await h.node.write(bytes(h.written), h.who)
             return
         assert isinstance(h, Handle)
-        if h.dirty:
-            h.dirty = False
+        if h.dirty or (h.truncated and self._only_reference(h)):
+            # (A truncation alone is committed here, and its refusal reaches close(), when
+            # no other descriptor can still write: a shell's "> f" closes the one it opened
+            # after a dup2 and before the command writes.)
+            h.dirty = h.truncated = False
             await self.files.commit(h.inode, h.info)
 
     @_guard(quiet=True)
@@ -914,7 +944,10 @@ class Operations(pyfuse3.Operations):
             try:
                 await self.files.commit(i, h.info or {"pid": 0, "comm": "", "uid": 0})
             except (RwfsError, OSError) as exc:
+                # After close() returned: no one to tell but .rw/ (SPEC §4.3).
                 log.info("commit at release of %r: %s", sorted(i.paths), exc)
+                if isinstance(exc, RwfsError):
+                    self.control.fail(exc)
         self.files.release_fd(i)
 
     @_guard()

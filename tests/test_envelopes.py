@@ -1,0 +1,71 @@
+"""What a writer is told, through a real mount (SPEC §4.3, §7.2): a program that empties a
+file and closes it learns of the refusal at close(); every refusal is in ``why/`` and
+``last-error``; a later successful write of the path supersedes its ``why/`` entry."""
+
+from __future__ import annotations
+
+import errno
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import Mount
+
+REAL = inspect.getsource(json.decoder)  # a real module of a few hundred lines
+
+
+def why(m: Mount, name: str) -> dict:
+    return json.loads((m.path / ".rw" / "why" / name).read_text())
+
+
+def last_error(m: Mount) -> dict:
+    return json.loads((m.path / ".rw" / "last-error").read_text())
+
+
+def refusals(m: Mount, name: str) -> list[dict]:
+    (m.path / ".rw" / "ctl").write_text("sync\n")
+    lines = (m.path / ".rw" / "journal").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["op"] == "refuse" and e["path"] == name]
+
+
+def test_emptying_a_module_is_refused_at_close(mount: Mount) -> None:
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    res = subprocess.run(["cp", "/dev/null", str(f)], capture_output=True, text=True)
+    assert res.returncode != 0 and "Bad message" in res.stderr, res
+    assert f.read_text() == REAL
+    assert (why(mount, "decoder.py")["error"], last_error(mount)["path"]) == (
+        "blocked",
+        "decoder.py",
+    )
+    code = (
+        "import errno, sys\n"
+        "try:\n"
+        "    open(sys.argv[1], 'w').close()\n"
+        "except OSError as e:\n"
+        "    sys.exit(e.errno)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(f)], capture_output=True)
+    assert res.returncode == errno.EBADMSG, res
+    assert f.read_text() == REAL
+    assert len(refusals(mount, "decoder.py")) == 2
+
+
+def test_a_shell_redirect_is_judged_on_what_it_writes_not_on_the_empty_moment(
+    mount: Mount,
+) -> None:
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    other = "\n".join(f"value_{n} = {n}" for n in range(300)) + "\n"
+    res = subprocess.run(
+        ["bash", "-c", 'printf "%s" "$BODY" > decoder.py'],
+        cwd=mount.path,
+        env={"BODY": other, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res
+    assert f.read_text() == other
+    assert refusals(mount, "decoder.py") == []
