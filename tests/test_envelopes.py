@@ -9,7 +9,6 @@ import inspect
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from conftest import Mount
 
@@ -69,3 +68,37 @@ def test_a_shell_redirect_is_judged_on_what_it_writes_not_on_the_empty_moment(
     assert res.returncode == 0, res
     assert f.read_text() == other
     assert refusals(mount, "decoder.py") == []
+
+
+def test_a_refusal_names_its_lsn_and_writer_and_a_later_write_supersedes_it(
+    mount: Mount,
+) -> None:
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    broken = REAL.replace("def ", "def (", 1)
+    code = (
+        "import sys\n"
+        "try:\n"
+        "    with open(sys.argv[1], 'w') as f:\n"
+        "        f.write(sys.argv[2])\n"
+        "except OSError as e:\n"
+        "    sys.exit(e.errno)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(f), broken], capture_output=True)
+    assert res.returncode == errno.EBADMSG, res
+    (event,) = refusals(mount, "decoder.py")
+    env = last_error(mount)
+    assert (env["lsn"], env["pid"], env["path"]) == (event["lsn"], event["pid"], "decoder.py")
+    assert env["comm"] == event["comm"] and env["comm"]
+    assert why(mount, "decoder.py") == env
+    fixed = REAL + "\n# one more line\n"
+    f.write_text(fixed)
+    (mount.path / ".rw" / "ctl").write_text("sync\n")
+    now = why(mount, "decoder.py")
+    assert (now["ok"], now["path"]) == (True, "decoder.py")
+    writes = [
+        e
+        for e in map(json.loads, (mount.path / ".rw" / "journal").read_text().splitlines())
+        if e["op"] == "write" and e["path"] == "decoder.py"
+    ]
+    assert (now["intended"], now["lsn"]) == (writes[-1]["intended"], writes[-1]["lsn"])

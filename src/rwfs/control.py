@@ -206,6 +206,7 @@ class Control:
             self.mkdir(self.root, view.encode()).mirror = (view, b"")
         self.rejected = self.mkdir(self.root, b"rejected")
         self.why = self.mkdir(self.root, b"why")
+        self._why_paths: set[str] = set()  # paths whose why/ entry is a refusal
         self.add(self.root, b"notices", self._notices)
         self.batches_dir = BatchViews(self, self.mkdir(self.root, b"batches"))
         self.conflicts_dir = ConflictViews(self, self.mkdir(self.root, b"conflicts"))
@@ -387,8 +388,29 @@ class Control:
         if path and not path.startswith(".rw"):
             body = _json(env)
             self._put(self.why, path, lambda: body)
+            self._why_paths.add(path)
         if env.get("draft"):
             self._add_rejected(env["draft"].rsplit("/", 1)[-1], env["intended"])
+
+    def succeeded(self, path: bytes, intended: str | None = None, lsn: int = 0) -> None:
+        """A write of ``path`` went through: its ``why/`` entry, if it has one, says so now,
+        so that an agent checking it after a write does not take an older refusal for a
+        new one."""
+        name = os.fsdecode(path)
+        if name not in self._why_paths:
+            return
+        self._why_paths.discard(name)
+        env = {
+            "ok": True,
+            "path": name,
+            "intended": intended,
+            "lsn": lsn or None,
+            "at": now_iso(),
+            "message": f"The last write of {name} succeeded; an earlier refusal of it no "
+            "longer applies.",
+        }
+        body = _json(env)
+        self._put(self.why, name, lambda: body)
 
     # ---- views ----
 

@@ -29,6 +29,7 @@ from .inodes import ROOT, Inode, InodeTable
 from .objects import EMPTY_DIGEST
 from .store import JournalUnavailable
 from .workspace import (
+    Commit,
     RwfsError,
     Stage,
     Workspace,
@@ -282,8 +283,13 @@ class Operations(pyfuse3.Operations):
         # reads a stale write is judged by) is the core's; this layer only translates.
         self.kernel = KernelCache(self.inodes)
         self.files = Files(ws, batches, self.inodes, self.kernel)
-        ws.on_committed = self.files.committed
+        ws.on_committed = self._committed
         ws.on_gone = self.files.gone
+
+    def _committed(self, c: Commit) -> None:
+        self.files.committed(c)
+        if c.outcome == "committed" and c.intended is not None:
+            self.control.succeeded(c.path, c.intended, c.lsn)
 
     async def run_primer(self) -> None:
         """Parse the file last opened to read once no request has come for a while: an
@@ -660,6 +666,7 @@ class Operations(pyfuse3.Operations):
         src = self._parent_path(old_parent, old_name)
         dst = self._parent_path(new_parent, new_name)
         await self.files.rename(src, dst, flags, self._who(ctx))
+        self.control.succeeded(dst)  # (a save by rename: an earlier refusal is over)
 
     # ---- files ----
 

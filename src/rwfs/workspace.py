@@ -29,7 +29,7 @@ from . import faults, gates, parsers
 from .intents import IntentLog
 from .objects import EMPTY_DIGEST, ObjectStore, TrailingHash, copy_fd, digest_fd, unique_id
 from .policy import Policy
-from .store import Store, now_iso
+from .store import JournalUnavailable, Store, now_iso
 
 log = logging.getLogger("rwfs.commit")
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -246,6 +246,7 @@ class Event:
     incoming: bytes | None = None  # removed bytes adopted into the object store
     hash_fd: int | None = None  # an open file whose digest becomes event["intended"]
     id: str = ""
+    lsn: int = 0  # once recorded
     settled: bool = False  # its digests are in ``event`` (``_settle_event_digests``)
 
 
@@ -658,7 +659,7 @@ class Workspace:
             draft_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + intended[7:15]
             draft = f".rw/rejected/{draft_id}"
             name = fsdecode(path)
-            self.record(
+            item = self.record(
                 {
                     "op": "refuse",
                     "path": name,
@@ -671,6 +672,10 @@ class Workspace:
                     **{k: info[k] for k in ("pid", "comm", "uid") if k in info},
                 }
             )
+        # The refusal's LSN, for the envelope: an agent can tell its own refusal from an
+        # older one. (Not when the journal is failing: the event waits in the queue.)
+        with contextlib.suppress(RwfsError, JournalUnavailable):
+            await self.sync()
         if left > 0:
             todo = f"read {name} again and re-apply your edit in full; your draft is at {draft}"
         else:
@@ -691,8 +696,10 @@ class Workspace:
             expected=expected,
             intended=intended,
             details={**first.details, "gates": [f.gate for f in findings]},
-            lsn=None,
+            lsn=item.lsn or None,
             batch=None,
+            pid=info.get("pid"),
+            comm=info.get("comm"),
         )
 
     async def stale_conflict(
@@ -894,10 +901,12 @@ class Workspace:
         assert self.intents is not None
         self.intents.append({"kind": "cancel", "id": item.id})
 
-    def record(self, event: dict[str, Any]) -> None:
+    def record(self, event: dict[str, Any]) -> Event:
         """Journal an event that changes nothing in the tree (e.g. a noop), or a change
         already applied (a setattr): one intent record, announced and done at once."""
-        self._enqueue(self.announce(event, done=True))
+        item = self.announce(event, done=True)
+        self._enqueue(item)
+        return item
 
     def _enqueue(self, item: Commit | Event) -> None:
         self._queue.append(item)
@@ -1179,7 +1188,7 @@ class Workspace:
                 if isinstance(item, Commit):
                     record_commit(txn, item)
                 else:
-                    record_event(txn, dict(item.event))
+                    item.lsn = record_event(txn, dict(item.event))
             txn.set_meta_int(b"applied_gen", gen)
 
         self.store.write(record)
