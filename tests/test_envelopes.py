@@ -102,3 +102,27 @@ def test_a_refusal_names_its_lsn_and_writer_and_a_later_write_supersedes_it(
         if e["op"] == "write" and e["path"] == "decoder.py"
     ]
     assert (now["intended"], now["lsn"]) == (writes[-1]["intended"], writes[-1]["lsn"])
+
+
+def test_views_and_the_journal_show_every_acknowledged_write(mount: Mount) -> None:
+    """Read-your-writes (SPEC §5: control files are generated fresh): right after close(),
+    with the group committer's interval not yet over."""
+    rw = mount.path / ".rw"
+    (rw / "policy.toml").write_text('commit_interval_ms = 60000\n')
+    f = mount.path / "m.py"
+    f.write_text("def f(:\n")  # a new file: never refused
+    assert json.loads((rw / "validate" / "m.py").read_text())["valid"] is False
+    f.write_text("def f():\n    return 1\n")
+    assert json.loads((rw / "validate" / "m.py").read_text())["valid"] is True
+    last = json.loads((rw / "journal").read_text().splitlines()[-1])
+    assert (last["op"], last["path"]) == ("write", "m.py")
+    status = json.loads((rw / "status").read_text())
+    assert status["counts"]["commits"] >= 2
+    # Inside a batch the views judge the draft the mount shows, not the tree's file.
+    (rw / "batches" / "b").mkdir()
+    try:
+        (mount.path / "g.py").write_text("def g(:\n")  # a new file of the batch: its draft
+        shown = json.loads((rw / "validate" / "g.py").read_text())
+        assert (shown.get("valid"), shown.get("error")) == (False, None), shown
+    finally:
+        (rw / "batches" / "b" / "ctl").write_text("abort\n")

@@ -133,6 +133,13 @@ class CFile(CNode):
     slow: bool = False  # render() does I/O or parsing: run it in a worker thread
     max_bytes: int = 1 << 20  # the most a writer may write to it
     settle: bool = False  # make queued commits reach the tree before render() (handoff)
+    # Read-your-writes: queued commits are journaled first when the journal can take them
+    # (status, journal, stats, the views); while it cannot, render() shows what it has.
+    fresh: bool = False
+    # A view of a workspace path (validate/, risk/): render_shown(fd) judges what the mount
+    # shows there, a descriptor of an open stage or a batch's draft, or -1: the tree's file.
+    shows: bytes | None = None
+    render_shown: Callable[[int], bytes] | None = None
     # (st_size, st_mtime_ns) of bytes that are fixed, known without rendering them; None:
     # generated, sized by rendering.
     stat: Callable[[], tuple[int, int]] | None = None
@@ -140,9 +147,11 @@ class CFile(CNode):
     # generated file, so that it moves only when its bytes change (tar checks it).
     seen: tuple[tuple[int, int], int] | None = None
 
-    def rendered(self) -> tuple[bytes, int]:
-        """Its bytes, rendered now, and the time it was first seen to hold them (ns)."""
-        data = self.render()
+    def rendered(self, data: bytes | None = None) -> tuple[bytes, int]:
+        """Its bytes, rendered now (or ``data``, rendered by the caller), and the time it
+        was first seen to hold them (ns)."""
+        if data is None:
+            data = self.render()
         key = (len(data), hash(data))
         seen = self.seen
         if seen is None or seen[0] != key:
@@ -188,14 +197,19 @@ class Control:
         self.last_error: dict[str, Any] | None = None
         # Figures only the mounting layer knows (e.g. how many inodes the kernel holds).
         self.live: dict[str, Callable[[], Any]] = {}
+        # Whether a path names a file only an open batch has (the FUSE layer knows).
+        self.virtual: Callable[[bytes], bool] = lambda path: False
         self.add(
             self.root,
             b"README",
             lambda: resources.files("rwfs").joinpath("README.rw.md").read_bytes(),
         )
-        self.add(self.root, b"status", lambda: _json(self.status()))
-        self.add(self.root, b"journal", self._journal)
-        self.add(self.root, b"stats", lambda: _json(self.ws.stats.report()))
+        for name, render in (
+            (b"status", lambda: _json(self.status())),
+            (b"journal", self._journal),
+            (b"stats", lambda: _json(self.ws.stats.report())),
+        ):
+            self.add(self.root, name, render).fresh = True
         self.add(self.root, b"policy.toml", lambda: ws.policy.text.encode(), self._write_policy)
         self.add(
             self.root, b"last-error", lambda: _json(self.last_error) if self.last_error else b""
@@ -264,21 +278,32 @@ class Control:
         if path == b".rw":
             return None
         try:
-            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            mode = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False).st_mode
         except OSError:
-            return None
-        if stat.S_ISDIR(st.st_mode):
+            if not self.virtual(path):
+                return None
+            mode = stat.S_IFREG  # a new file of an open batch: only its draft exists
+        if stat.S_ISDIR(mode):
             node = self.mkdir(parent, name)
             node.mirror = (view, path)
-        elif stat.S_ISREG(st.st_mode):
+        elif stat.S_ISREG(mode):
             node = self.add(parent, name, lambda: _json(self._diagnose(view, path)))
-            node.slow = True
+            node.slow = node.fresh = True
+            node.shows = path
+            node.render_shown = lambda fd: _json(self._diagnose(view, path, fd))
         return node
 
-    def _diagnose(self, view: str, path: bytes) -> dict[str, Any]:
-        """The gates' diagnostics of a file as it is now, without writing (SPEC §5)."""
+    def _diagnose(self, view: str, path: bytes, shown: int = -1) -> dict[str, Any]:
+        """The gates' diagnostics of a file as the mount shows it (``shown``: a descriptor
+        of its stage or draft; -1: the tree's file), without writing (SPEC §5)."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.ws.root_fd)
+            fd = (
+                os.dup(shown)
+                if shown >= 0
+                else os.open(
+                    path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.ws.root_fd
+                )
+            )
         except OSError as exc:
             return {"error": exc.strerror, "path": os.fsdecode(path)}
         try:

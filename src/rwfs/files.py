@@ -1024,6 +1024,18 @@ class Files:
         inode.stage, inode.pending = stage, commit
         await self.ws.submit(commit, wait=False)
 
+    def shown_fd(self, path: bytes) -> int:
+        """A descriptor of what the mount shows at ``path`` when the tree does not hold it
+        (an open stage, a batch's draft or new file), -1 otherwise; not to be closed (a
+        worker thread takes a duplicate: ``borrowed``)."""
+        inode = self.virtual.get(path) or self.inodes.by_path.get(path)
+        if inode is None or path in self.hidden:
+            return -1
+        if inode.stage is not None:
+            return inode.stage.fd
+        held = self.held(inode)
+        return held.stage.fd if held is not None else -1
+
     @staticmethod
     def held(inode: Inode) -> Commit | None:
         """The draft of the file an open batch holds, if it holds one."""

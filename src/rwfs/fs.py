@@ -7,6 +7,7 @@ and becomes EIO. ``forget`` and ``release`` never raise.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -284,6 +285,7 @@ class Operations(pyfuse3.Operations):
         self.kernel = KernelCache(self.inodes)
         self.files = Files(ws, batches, self.inodes, self.kernel)
         ws.on_committed = self._committed
+        self.control.virtual = self.files.virtual.__contains__
         ws.on_gone = self.files.gone
 
     def _committed(self, c: Commit) -> None:
@@ -412,15 +414,26 @@ class Operations(pyfuse3.Operations):
                 return len(h.data), h.mtime_ns
         # Otherwise render it as an open would (a large render in a worker thread).
         try:
-            if node.settle:
-                await self.ws.sync()
-            if node.slow:
-                data, mtime = await trio.to_thread.run_sync(node.rendered)
-            else:
-                data, mtime = node.rendered()
+            data, mtime = await self._render(node)
         except (RwfsError, OSError):
             return 0, time.time_ns()  # opening it fails the same way, and says why
         return len(data), mtime
+
+    async def _render(self, node: CFile) -> tuple[bytes, int]:
+        """A generated control file's bytes now, and since when it has held them."""
+        if node.settle:
+            await self.ws.sync()
+        elif node.fresh:
+            with contextlib.suppress(RwfsError):  # a failing journal: show what there is
+                await self.ws.sync()
+        if node.shows is not None and node.render_shown is not None:
+            render_shown = node.render_shown
+            with borrowed(self.files.shown_fd(node.shows)) as (fd,):
+                data = await trio.to_thread.run_sync(render_shown, fd)
+            return node.rendered(data)
+        if node.slow:
+            return await trio.to_thread.run_sync(node.rendered)
+        return node.rendered()
 
     def _join(self, parent: Inode, name: bytes) -> bytes:
         if b"/" in name or name in (b".", b".."):
@@ -679,14 +692,10 @@ class Operations(pyfuse3.Operations):
             writable = flags & os.O_ACCMODE != os.O_RDONLY
             if writable and node.write is None:
                 raise pyfuse3.FUSEError(errno.EACCES)
-            if node.settle:
-                await self.ws.sync()
             if flags & os.O_TRUNC:
                 data, mtime = b"", time.time_ns()
-            elif node.slow:  # reads and parses a file: off the event loop
-                data, mtime = await trio.to_thread.run_sync(node.rendered)
             else:
-                data, mtime = node.rendered()
+                data, mtime = await self._render(node)
             h = ControlHandle(node, data, bytearray() if writable else None, who=self._who(ctx))
             h.mtime_ns = mtime
             self._control_open.setdefault(node.ino, []).append(h)
