@@ -27,6 +27,7 @@ import trio
 from . import chunks, conflicts, gates, gc, handoff, parsers, scratch
 from .batches import modes_at
 from .history import History, Version
+from .objects import open_regular
 from .policy import Policy, PolicyError
 from .store import now_iso, plain_name
 from .workspace import RwfsError, Workspace
@@ -277,9 +278,11 @@ class Control:
     def _diagnose(self, view: str, path: bytes) -> dict[str, Any]:
         """The gates' diagnostics of a file as it is now, without writing (SPEC §5)."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.ws.root_fd)
+            fd, _ = open_regular(self.ws.root_fd, path)
         except OSError as exc:
             return {"error": exc.strerror, "path": os.fsdecode(path)}
+        if fd < 0:
+            return {"error": "not a regular file", "path": os.fsdecode(path)}
         try:
             data = os.pread(fd, gates.MAX_GATED_BYTES + 1, 0)
         finally:

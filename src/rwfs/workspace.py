@@ -27,7 +27,15 @@ import trio
 
 from . import faults, gates, parsers
 from .intents import IntentLog
-from .objects import EMPTY_DIGEST, ObjectStore, TrailingHash, copy_fd, digest_fd, unique_id
+from .objects import (
+    EMPTY_DIGEST,
+    ObjectStore,
+    TrailingHash,
+    copy_fd,
+    digest_fd,
+    open_regular,
+    unique_id,
+)
 from .policy import Policy
 from .store import Store, now_iso
 
@@ -281,21 +289,16 @@ class Workspace:
             self._digests.clear()
 
     def live_digest(self, path: bytes) -> tuple[str | None, os.stat_result | None]:
-        """(digest, stat) of the live file at ``path``; (None, None) when absent."""
+        """(digest, stat) of the live file at ``path``; (None, None) when absent, and
+        (None, stat) for anything but a regular file, which is not opened
+        (``objects.open_regular``)."""
         try:
-            fd = os.open(
-                rel(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.root_fd
-            )
+            fd, st = open_regular(self.root_fd, rel(path))
         except FileNotFoundError:
             return None, None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:  # a symlink now stands there
-                return None, os.stat(rel(path), dir_fd=self.root_fd, follow_symlinks=False)
-            raise
+        if fd < 0:
+            return None, st
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return None, st
             return self.digest_of_fd(fd, st), st
         finally:
             os.close(fd)
@@ -408,13 +411,14 @@ class Workspace:
         thread, or recovery."""
         if self.objects.exists(digest):
             return
-        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(rel(path), how, dir_fd=self.root_fd)
+            fd, _ = open_regular(self.root_fd, rel(path))
         except OSError:
             return
+        if fd < 0:
+            return
         try:
-            if stat.S_ISREG(os.fstat(fd).st_mode) and self.digest_of_fd(fd) == digest:
+            if self.digest_of_fd(fd) == digest:
                 self.objects.keep_fd_copy(fd, digest)
         finally:
             os.close(fd)
@@ -720,6 +724,7 @@ class Workspace:
     def confirm(self, item: Event, hash_fd: int | None = None) -> None:
         """The announced operation succeeded: journal it."""
         assert self.intents is not None
+        faults.point("after_namespace_op")
         self.intents.append({"kind": "done", "id": item.id})
         item.hash_fd = hash_fd
         self._enqueue(item)
@@ -1018,7 +1023,9 @@ class Workspace:
             )
 
     def _keep_copy(self, path: bytes) -> str:
-        fd = os.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.root_fd)
+        fd, _ = open_regular(self.root_fd, rel(path))
+        if fd < 0:
+            raise OSError(errno.EPERM, "not a regular file", os.fsdecode(path))
         try:
             return self.objects.keep_fd_copy(fd)
         finally:
