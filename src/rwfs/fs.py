@@ -565,10 +565,26 @@ class Operations(pyfuse3.Operations):
     # ---- namespace ----
 
     def _new_entry(self, path: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        """The entry the daemon just made for the caller, given the caller's owner (a root
+        daemon made it as root). Its set-user-ID and set-group-ID bits, which the chown
+        clears on anything but a directory, are put back: the caller asked for them (the
+        kernel already dropped a set-group-ID bit the caller may not have)."""
+        kw: dict[str, Any] = {"dir_fd": self.ws.root_fd, "follow_symlinks": False}
+        st = os.stat(path, **kw)
         if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (ctx.uid, ctx.gid):
-            os.chown(path, ctx.uid, ctx.gid, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            gid = ctx.gid
+            if st.st_gid != ctx.gid:
+                # In a set-group-ID directory a new entry takes the directory's group, as
+                # the backing filesystem gave it (POSIX; ext4 without grpid).
+                parent = path.rpartition(b"/")[0] or b"."
+                if os.stat(parent, **kw).st_mode & stat.S_ISGID:
+                    gid = st.st_gid
+            if (st.st_uid, st.st_gid) != (ctx.uid, gid):
+                os.chown(path, ctx.uid, gid, **kw)
+                setid = stat.S_IMODE(st.st_mode) & (stat.S_ISUID | stat.S_ISGID)
+                if setid and not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+                    os.chmod(path, stat.S_IMODE(st.st_mode), dir_fd=self.ws.root_fd)
+                st = os.stat(path, **kw)
         inode = self.inodes.resolve(path, st)
         inode.lookups += 1
         return self._attr(inode.ino, st)
