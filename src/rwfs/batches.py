@@ -672,12 +672,13 @@ class Batches:
                     expected=c.stage.expected,
                     actual=live,
                 )
-            elif gates and live not in (None, c.intended) and c.stage.fd >= 0:
+            elif gates and live not in (None, c.intended) and c.stage.fd >= 0 and c.stage.written:
+                # (A draft nothing was written into holds explicit truncations: not judged.)
                 fd, _ = open_regular(self.ws.root_fd, c.path)
                 if fd < 0:  # swapped since the check: the replace step refuses it
                     continue
                 try:
-                    findings = self.ws._run_gates(c.path, fd, c.stage.fd)
+                    findings = self.ws._run_gates(c.path, fd, c.stage.fd, c.stage.cut_last)
                 finally:
                     os.close(fd)
                 refused = [f for f in findings if f.action == "reject"]

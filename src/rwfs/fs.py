@@ -518,7 +518,9 @@ class Operations(pyfuse3.Operations):
                 assert i.stage is not None
                 size = os.fstat(i.stage.fd).st_size
                 os.ftruncate(i.stage.fd, attr.st_size)
-                i.stage.wrote(min(size, attr.st_size), attr.st_size)
+                # A length the caller chose: an explicit truncation, not written text
+                # (the gates do not judge it as a cut-off write; files.py).
+                i.stage.cut(min(size, attr.st_size), attr.st_size)
                 h = self.handles.get(fh) if fh is not None else None
                 if isinstance(h, Handle):
                     h.dirty = True
@@ -871,9 +873,15 @@ class Operations(pyfuse3.Operations):
                 if journaled:
                     await self.files.ensure_stage(i, truncate=True)
                     assert i.stage is not None
-                    if os.fstat(i.stage.fd).st_size:  # a stage other writers had filled
+                    st = os.fstat(i.stage.fd)
+                    if st.st_size:  # a stage other writers had filled
                         os.ftruncate(i.stage.fd, 0)
-                        i.stage.wrote(0, 0)
+                    # An explicit truncation (to 0), not written text: files.py says how
+                    # the gates see it.
+                    i.stage.cut(0, 0)
+                    # open(2) marks mtime and ctime for update, as ftruncate(2) does; an
+                    # empty stage was not truncated (and a spare keeps its old times).
+                    os.utime(i.stage.fd, ns=(st.st_atime_ns, time.time_ns()))
                 else:
                     self.files.open_backing(i, writable=True)
                     os.ftruncate(i.fd, 0)

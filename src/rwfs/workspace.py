@@ -168,8 +168,27 @@ class Stage:
     sealed: bool = False
     trail: TrailingHash | None = None  # hashing it as it is written, once it is large
 
+    # What the gates judge (files.py, docs/gates.md): text written into the stage, not a
+    # truncation to a length the caller chose. ``written``: a write (or fallocate) reached
+    # this stage; ``cut``: its last change is an explicit truncation (truncate(2),
+    # ftruncate(2), an O_TRUNC open), which a later write makes written text again.
+    written: bool = False
+    cut_last: bool = False
+
     def wrote(self, off: int, end: int) -> None:
-        """Bytes from ``off`` to ``end`` changed (a write, a truncation)."""
+        """Bytes from ``off`` to ``end`` were written (a write, a fallocate). The C
+        extension calls it for each write that goes straight into the stage."""
+        self.written = True
+        self.cut_last = False
+        self._changed(off, end)
+
+    def cut(self, off: int, end: int) -> None:
+        """The stage was truncated by the caller to ``end`` bytes (from ``off`` on, its
+        bytes changed)."""
+        self.cut_last = True
+        self._changed(off, end)
+
+    def _changed(self, off: int, end: int) -> None:
         if self.trail is not None:
             self.trail.wrote(off)
         elif end >= TRAIL_FROM:
@@ -369,8 +388,9 @@ class Workspace:
     def _take_spare(self) -> tuple[int, bytes]:
         """(descriptor, name) of a spare, empty and with no xattrs left; (-1, b"") when there
         is none (worker thread: the deque is safe across threads). Its old times need no
-        reset: a stage is only made to be written or truncated, which sets its mtime, and
-        every commit reads it to hash it, which then sets its atime."""
+        reset: a stage is only made to be written or truncated, which sets its mtime (an
+        ``O_TRUNC`` open of an empty stage sets it itself: ``fs.open``), and every commit
+        reads it to hash it, which then sets its atime."""
         while True:
             try:
                 name = self._spares.popleft()
@@ -471,20 +491,27 @@ class Workspace:
                 self.stats.count("trailing_hashes")
             if gate is None or got[0] == stage.expected:
                 return (*got, [])
-            return (*got, self._run_gates(gate[0], base_fd, stage_fd))
+            return (*got, self._run_gates(gate[0], base_fd, stage_fd, stage.cut_last))
 
         with borrowed(stage.fd, gate[1] if gate is not None else -1) as (stage_fd, base_fd):
             return await trio.to_thread.run_sync(work, stage_fd, base_fd, limiter=_LIMIT)
 
     # ---- gates ----
 
-    async def run_gates(self, path: bytes, base_fd: int, new_fd: int) -> list[gates.Finding]:
+    async def run_gates(
+        self, path: bytes, base_fd: int, new_fd: int, cut: bool = False
+    ) -> list[gates.Finding]:
         """The gates' findings on new bytes (a sealed stage, a file renamed onto ``path``)
-        against the bytes they replace."""
+        against the bytes they replace. ``cut``: their last change is an explicit
+        truncation by the caller (``Stage.cut_last``; ``gates.check``)."""
         with borrowed(base_fd, new_fd) as (base, new):
-            return await trio.to_thread.run_sync(self._run_gates, path, base, new, limiter=_LIMIT)
+            return await trio.to_thread.run_sync(
+                self._run_gates, path, base, new, cut, limiter=_LIMIT
+            )
 
-    def _run_gates(self, path: bytes, base_fd: int, stage_fd: int) -> list[gates.Finding]:
+    def _run_gates(
+        self, path: bytes, base_fd: int, stage_fd: int, cut: bool = False
+    ) -> list[gates.Finding]:
         t = time.perf_counter()
         limit = gates.MAX_GATED_BYTES + 1
         if os.fstat(stage_fd).st_size >= limit or (
@@ -493,7 +520,7 @@ class Workspace:
             return []  # gates leave large files alone: no need to read them
         old = os.pread(base_fd, limit, 0) if base_fd >= 0 else b""  # -1: a new file
         new = os.pread(stage_fd, limit, 0)
-        findings = gates.check(path, old, new, self.policy.gate)
+        findings = gates.check(path, old, new, self.policy.gate, cut=cut)
         self.stats.sample("gates", time.perf_counter() - t)
         for f in findings:
             self.stats.count(f"gate.{f.gate}.{'refused' if f.action == 'reject' else 'warned'}")
