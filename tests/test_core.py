@@ -299,11 +299,12 @@ def test_gates_leave_explicit_truncation_and_binary_content_to_the_caller() -> N
     # ... but the syntax of what was written is still judged.
     py = b"def f():\n    return 1\n" * 30
     assert [f.gate for f in check(b"m.py", py, py[:7], cfg, cut=True)] == ["syntax"]
-    # Binary bytes (a NUL) are not judged by text rules, old or new.
+    # A binary file (a NUL in its old bytes) is not judged by text rules.
     blob = bytes(range(256)) * 40
     assert check(b"a.txt", blob, blob[:10], cfg) == []
-    assert check(b"data.json", b'{"a": 1}\n', b"\0\1 not json", cfg) == []
-    assert check(b"m.py", py, py[:7] + b"\0", cfg) == []
+    assert check(b"a.txt", blob, elided, cfg) == []
+    # A text file turned binary (padded with NULs, say) is a text file broken.
+    assert [f.gate for f in check(b"data.json", b'{"a": 1}\n', b"\0\1 x", cfg)] == ["syntax"]
 
 
 def test_gates_on_bytes() -> None:

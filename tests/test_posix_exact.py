@@ -354,20 +354,22 @@ def test_written_text_is_still_judged_around_truncations(mount: Mount) -> None:
 
 def test_binary_content_is_not_judged_by_text_rules(mount: Mount) -> None:
     M = mount.path
-    (M / "data.json").write_text(json.dumps({"k": list(range(400))}, indent=1))
     (M / "blob.txt").write_bytes(BINARY)
+    (M / "blob2.txt").write_bytes(BINARY)
+    (M / "data.json").write_text(json.dumps({"k": list(range(400))}, indent=1))
     sync(mount)
-    # Valid JSON replaced by binary bytes: the syntax gate does not judge them.
-    (M / "data.json").write_bytes(b"\0\1\2 not json at all")
     # Binary bytes rewritten as a prefix of themselves: no truncation gate.
     (M / "blob.txt").write_bytes(BINARY[:100])
+    # Binary bytes replaced by a placeholder line: no elision gate.
+    (M / "blob2.txt").write_bytes(b"header\n# ... rest of the file unchanged ...\n")
     sync(mount)
-    assert (M / "data.json").read_bytes() == b"\0\1\2 not json at all"
     assert (M / "blob.txt").read_bytes() == BINARY[:100]
-    # Text still is: valid JSON to broken JSON is refused.
-    (M / "ok.json").write_text('{"a": [1, 2, 3]}\n')
+    assert (M / "blob2.txt").read_bytes() == b"header\n# ... rest of the file unchanged ...\n"
+    assert json.loads((M / ".rw" / "status").read_text())["counts"]["refusals"] == 0
+    # A text file turned binary is a text file broken (decided: the old bytes say what
+    # the file is): valid JSON overwritten with binary bytes is refused.
     with pytest.raises(OSError) as exc:
-        (M / "ok.json").write_text('{"a": [1, 2,\n')
+        (M / "data.json").write_bytes(b"\0\1\2 not json at all")
     assert exc.value.errno == 74
 
 

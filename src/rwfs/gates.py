@@ -353,13 +353,15 @@ def check(
 
     Gates judge written text. ``cut``: the new bytes' last change is a truncation to a
     length the caller chose (truncate(2), ftruncate(2), O_TRUNC), a deliberate cut that
-    the truncation and elision gates do not judge. Binary content (a NUL byte in the old
-    or the new bytes) is never judged by the text gates; the secrets gate's risk score,
-    which has a family of its own for binary blobs, still looks at it.
+    the truncation and elision gates do not judge. A binary file (its old bytes hold a
+    NUL) is never judged by the text gates: it has no lines or syntax to break. A text
+    file whose new bytes hold NULs (padded with zeros, binary written over source) is
+    still judged: that is a text file broken. The secrets gate's risk score, which has
+    a family of its own for binary blobs, looks at both.
     """
     if len(old) > MAX_GATED_BYTES or len(new) > MAX_GATED_BYTES:
         return []
-    binary = is_binary(old) or is_binary(new)
+    binary = is_binary(old)
     out = []
     for gate in GATES:
         cfg = config(gate, path)
