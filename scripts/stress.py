@@ -14,6 +14,14 @@ find the journal, objects and tree in agreement.
 The workspace is a fresh temporary directory, mounted over itself and always unmounted.
 Exit status 0 when every check held. A short run is part of the test suite; longer ones
 (``--seconds 600``) are for people to run and report.
+
+``--kill-loop N`` is a crash loop instead: N times, the workspace is mounted, the workers
+run (adding FIFOs, device nodes, sockets and their hard links and renames to the mix, on
+names of their own, since opening a FIFO blocks), the daemon is killed with SIGKILL at a
+random instant, the dead mount is cleared (``fusermount3 -u -z``), the workspace is
+mounted again (recovery runs) and unmounted, and ``rwfs fsck`` checks it. It reports the
+kills, the remounts that worked and the clean fscks; a workspace that does not mount again
+is kept for a look and the loop goes on with a new one.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -51,6 +62,7 @@ RACES = {
     errno.EMLINK,
 }
 SHARED_NAMES = 24
+SPECIAL_NAMES = 8
 DIRS = ("", "d0", "d1", "d0/e")
 BLOCK = 4096
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -202,10 +214,39 @@ class Worker:
             return
         self.own[name] = new
 
-    def run(self, seconds: float, only: set[str]) -> None:
+    # ---- special files (--kill-loop): names of their own, as opening a FIFO blocks ----
+
+    def special(self) -> Path:
+        return self.root / self.rng.choice(DIRS) / f"s{self.rng.randrange(SPECIAL_NAMES)}"
+
+    def kill_fifo(self) -> None:
+        os.mkfifo(self.special(), 0o644)
+
+    def kill_mknod(self) -> None:
+        os.mknod(self.special(), 0o644 | stat.S_IFCHR, os.makedev(0, 0))
+
+    def kill_socket(self) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.bind(str(self.special()))
+
+    def kill_rename(self) -> None:
+        os.rename(self.special(), self.special())
+
+    def kill_link(self) -> None:
+        os.link(self.special(), self.special(), follow_symlinks=False)
+
+    def kill_unlink(self) -> None:
+        os.unlink(self.special())
+
+    def kill_stat(self) -> None:
+        os.lstat(self.special())
+
+    def run(self, seconds: float, only: set[str], specials: bool = False) -> None:
         (self.root / f"w{self.wid}").mkdir(exist_ok=True)
         ops = [(name[3:], getattr(self, name)) for name in dir(self) if name.startswith("op_")]
         ops = [(n, fn) for n, fn in ops if not only or n in only]
+        if specials:
+            ops += [(name, getattr(self, name)) for name in dir(self) if name.startswith("kill_")]
         weights = [8 if n == "own" else 4 if n in ("write", "read") else 1 for n, _ in ops]
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and len(self.failures) < 20:
@@ -235,6 +276,21 @@ def worker_main(root: str, wid: int, seed: int, seconds: float, only: str, out: 
             }
         )
     )
+
+
+def kill_worker_main(root: str, wid: int, seed: int) -> None:
+    """A worker of --kill-loop: runs until it is killed, errors and all (the mount dies
+    under it)."""
+    w = Worker(Path(root), wid, seed)
+    w.failures = _Never()
+    w.run(1e9, set(), specials=True)
+
+
+class _Never(list[str]):
+    """A failure list that keeps nothing: a --kill-loop worker only has to make load."""
+
+    def append(self, item: str) -> None:
+        pass
 
 
 class StressMount(bench.Mount):
@@ -269,6 +325,92 @@ def fsck(workspace: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
+def kill_loop(rounds: int, procs: int, seed: int, durability: str) -> int:
+    """--kill-loop: mount, load, SIGKILL the daemon, clear, remount, unmount, fsck."""
+    rng = random.Random(seed)
+    base = Path(tempfile.mkdtemp(prefix="rwfs-killloop-", dir="/tmp"))
+    counts = collections.Counter({"kills": 0, "remounted": 0, "fsck_clean": 0})
+    problems: list[str] = []
+    kept: list[Path] = []
+    n_ws = 0
+
+    def fresh() -> tuple[Path, StressMount]:
+        nonlocal n_ws
+        n_ws += 1
+        ws = base / f"ws{n_ws}"
+        ws.mkdir()
+        for d in DIRS[1:]:
+            (ws / d).mkdir(parents=True, exist_ok=True)
+        return ws, StressMount(ws, durability, base / f"daemon{n_ws}.log")
+
+    print(f"stress: kill loop, seed {seed}, {rounds} rounds of {procs} workers ({durability})")
+    ws, m = fresh()
+    ctx = multiprocessing.get_context("fork")
+    try:
+        for r in range(rounds):
+            try:
+                m.start()
+            except bench.BenchError as exc:
+                problems.append(f"round {r + 1}: mount failed before the kill: {str(exc)[-300:]}")
+                kept.append(ws)
+                ws, m = fresh()
+                continue
+            workers = [
+                ctx.Process(target=kill_worker_main, args=(str(ws), i, seed * 1000 + r))
+                for i in range(procs)
+            ]
+            for p in workers:
+                p.start()
+            time.sleep(rng.uniform(0.3, 3.0))  # the random instant
+            assert m.proc is not None
+            m.proc.send_signal(signal.SIGKILL)
+            m.proc.wait(30)
+            m.proc = None
+            counts["kills"] += 1
+            for p in workers:  # before the dead mount goes: they must not reach the raw tree
+                p.kill()
+            for p in workers:
+                p.join(60)
+            subprocess.run(["fusermount3", "-u", "-z", str(ws)], capture_output=True)
+            try:
+                m.start()
+            except bench.BenchError as exc:
+                last = str(exc).strip().splitlines()[-1:] or [""]
+                problems.append(f"round {r + 1}: the remount failed: {last[0][:300]}")
+                m.stop()
+                kept.append(ws)
+                ws, m = fresh()
+                continue
+            counts["remounted"] += 1
+            m.stop()
+            res = fsck(ws)
+            if res.returncode == 0:
+                counts["fsck_clean"] += 1
+            else:
+                drift = (res.stdout + res.stderr).strip().splitlines()
+                problems.append(f"round {r + 1}: fsck: {len(drift)} lines: {' | '.join(drift[:3])}")
+            print(
+                f"stress: round {r + 1}/{rounds}: kills {counts['kills']}, "
+                f"remounted {counts['remounted']}, fsck clean {counts['fsck_clean']}",
+                flush=True,
+            )
+    finally:
+        m.stop()
+    for logfile in sorted(base.glob("daemon*.log")):
+        if "Traceback" in logfile.read_text(errors="replace"):
+            problems.append(f"a daemon logged a traceback (see {logfile})")
+    print(
+        f"stress: kill loop: kills {counts['kills']}, remounted {counts['remounted']}, "
+        f"fsck clean {counts['fsck_clean']}"
+    )
+    if problems:
+        print("stress: FAILED\n  " + "\n  ".join(problems[:40]), file=sys.stderr)
+        print(f"stress: kept {base} (seed {seed})", file=sys.stderr)
+        return 1
+    shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seconds", type=float, default=60.0, help="how long the workers run (60)")
@@ -276,10 +418,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: a new one)")
     ap.add_argument("--durability", choices=("group", "strict"), default="group")
     ap.add_argument("--ops", default="", help="only these operations, comma-separated")
+    ap.add_argument(
+        "--kill-loop",
+        type=int,
+        metavar="N",
+        default=0,
+        help="instead: N rounds of load, SIGKILL of the daemon, remount and fsck",
+    )
     args = ap.parse_args(argv)
-    if args.seconds <= 0 or args.procs < 1:
-        ap.error("--seconds and --procs must be positive")
+    if args.seconds <= 0 or args.procs < 1 or args.kill_loop < 0:
+        ap.error("--seconds, --procs and --kill-loop must be positive")
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    if args.kill_loop:
+        return kill_loop(args.kill_loop, args.procs, seed, args.durability)
     base = Path(tempfile.mkdtemp(prefix="rwfs-stress-", dir="/tmp"))
     ws = base / "ws"
     ws.mkdir()

@@ -19,6 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from rwfs.policy import Policy
+from rwfs.store import Store
+from rwfs.workspace import Workspace
+
 RWFS = [sys.executable, "-m", "rwfs.cli"]
 
 
@@ -196,3 +200,19 @@ def as_nobody(cmd: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=30,
     )
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Workspace]:
+    """A core ``Workspace`` over a temporary tree, no mount (``ws.tree`` is the tree)."""
+    root = tmp_path / "tree"
+    (root / ".rw").mkdir(parents=True)
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    state_fd = os.open(root / ".rw", os.O_RDONLY | os.O_DIRECTORY)
+    store = Store(str(root / ".rw" / "journal"))
+    w = Workspace(root_fd, state_fd, store, Policy())
+    w.tree = root  # type: ignore[attr-defined]
+    yield w
+    store.close()
+    os.close(root_fd)
+    os.close(state_fd)

@@ -16,26 +16,10 @@ from rwfs.objects import ObjectStore
 from rwfs.policy import DEFAULT_TEXT, Policy, PolicyError
 from rwfs.recovery import recover
 from rwfs.store import SCHEMA_VERSION, Store
-from rwfs.workspace import Workspace
 
 
 def sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Any:
-    root = tmp_path / "tree"
-    (root / ".rw").mkdir(parents=True)
-    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    state_fd = os.open(root / ".rw", os.O_RDONLY | os.O_DIRECTORY)
-    store = Store(str(root / ".rw" / "journal"))
-    w = Workspace(root_fd, state_fd, store, Policy())
-    w.tree = root  # type: ignore[attr-defined]
-    yield w
-    store.close()
-    os.close(root_fd)
-    os.close(state_fd)
 
 
 def stage(w: Any, data: bytes) -> str:

@@ -71,7 +71,12 @@ def _writer(
 def test_fault_point_during_commit(workspace: Path, point: str, durability: str) -> None:
     prepare_state(workspace, DEFAULT_TEXT.replace('"group"', f'"{durability}"'))
     old, new = b"old line\n" * 100, b"new line\n" * 120
+    linked = point == "in_place_copied"  # a hard-linked file's commit, cut mid-copy
+    if linked:
+        old = b"old line\n" * 150  # longer: the copied new bytes leave old ones after them
     (workspace / "f.txt").write_bytes(old)
+    if linked:
+        os.link(workspace / "f.txt", workspace / "g.txt")
     m = Mount(workspace, env={"RWFS_FAULT": point}).start()
     acked = _write(m.path / "f.txt", new)
     # The group committer reaches the point within its interval; fsync-less writers wait.
@@ -86,6 +91,9 @@ def test_fault_point_during_commit(workspace: Path, point: str, durability: str)
     try:
         now = (m.path / "f.txt").read_bytes()
         assert now in (old, new), "I1: the file holds a mix"
+        if linked:
+            assert (m.path / "g.txt").read_bytes() == now
+            assert os.stat(workspace / "g.txt").st_ino == os.stat(workspace / "f.txt").st_ino
         if acked:
             assert now == new, "I4: a write whose close() succeeded was lost"
         evs = events(m)

@@ -348,3 +348,72 @@ def test_an_unlink_a_batch_takes_hides_the_file_until_the_batch_commits(
     assert not (tree / "gone.txt").exists()
     assert ("drop_entry", b"gone.txt") in core.kernel.calls  # the kernel looks it up again
     assert (tree / "other.txt").read_bytes() == b"other\n"
+
+
+def test_a_hard_linked_file_is_committed_into_its_inode_and_journaled_for_both_names(
+    tree: Path, run: Run
+) -> None:
+    (tree / "d").mkdir()
+    (tree / "a.txt").write_bytes(b"one\n")
+    seen: dict[str, Any] = {}
+
+    async def body(core: Core) -> None:
+        a = core.inode("a.txt")
+        await core.files.link(a, b"d/b.txt", WHO)
+        b = core.inode("d/b.txt")
+        seen["same"] = a is b  # one file, one inode: found by the backing key
+        await core.write(b, b"two\n")
+        await core.close(b, wait=True)
+        await core.files.settle(b)
+
+    core = run(tree, body)
+    assert seen["same"] is True
+    assert os.stat(tree / "a.txt").st_ino == os.stat(tree / "d" / "b.txt").st_ino
+    assert (tree / "a.txt").read_bytes() == b"two\n"
+    (write,) = [e for e in core.ws.store.events() if e["op"] == "write"]
+    assert sorted([write["path"], *write["links"]]) == ["a.txt", "d/b.txt"]
+    paths = core.ws.store.paths()
+    assert paths[b"a.txt"]["digest"] == paths[b"d/b.txt"]["digest"] == write["intended"]
+    assert os.listdir(tree / ".rw" / "staging") == []
+
+
+def test_a_file_removed_and_made_again_is_gated_against_the_removed_bytes(
+    tree: Path, run: Run
+) -> None:
+    good = b"def f():\n    return 1\n"
+    (tree / "m.py").write_bytes(good)
+    refused: list[RwfsError] = []
+
+    async def body(core: Core) -> None:
+        core.inode("m.py")
+        await core.files.remove(b"m.py", WHO, is_dir=False)
+        (tree / "m.py").write_bytes(b"")  # what create makes: an empty file
+        i = core.inode("m.py")
+        await core.write(i, b"def f(:\n")
+        with pytest.raises(RwfsError) as exc:
+            await core.close(i)
+        refused.append(exc.value)
+        await core.ws.sync()
+        await core.files.settle(i)
+
+    core = run(tree, body)
+    assert refused and refused[0].envelope["error"] == "blocked"
+    assert (tree / "m.py").read_bytes() == good  # the removed bytes are back
+    got = [(e["op"], e.get("expected"), e.get("intended")) for e in core.ws.store.events()]
+    digest = "sha256:" + hashlib.sha256(good).hexdigest()
+    assert [g[0] for g in got] == ["unlink", "refuse", "write"]
+    assert (got[1][1], got[2][2]) == (digest, digest)
+
+
+def test_a_rename_between_two_names_of_one_file_does_nothing(tree: Path, run: Run) -> None:
+    (tree / "a.txt").write_bytes(b"x\n")
+    os.link(tree / "a.txt", tree / "b.txt")
+
+    async def body(core: Core) -> None:
+        await core.files.rename(b"a.txt", b"b.txt", 0, WHO)
+        with pytest.raises(FileExistsError):
+            await core.files.rename(b"a.txt", b"b.txt", 1, WHO)  # RENAME_NOREPLACE
+
+    core = run(tree, body)
+    assert sorted(os.listdir(tree)) == [".rw", "a.txt", "b.txt"]
+    assert [e for e in core.ws.store.events() if e["op"] == "rename"] == []

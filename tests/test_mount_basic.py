@@ -398,9 +398,47 @@ def test_a_file_written_while_hard_linked_is_no_drift_for_fsck(workspace: Path) 
     check_clean(m)
 
 
+def test_a_write_through_a_link_is_journaled_for_every_name(workspace: Path) -> None:
+    """Two names in two directories, one file: a write through either is a new version of
+    both (history, the path index, fsck), a removal of one name keeps its bytes, and its
+    undo makes the name again."""
+    (workspace / "sub").mkdir()
+    (workspace / "a.txt").write_text("one\n")
+    m = Mount(workspace).start()
+    try:
+        a, b = m.path / "a.txt", m.path / "sub" / "b.txt"
+        os.link(a, b)
+        b.write_text("two\n")
+        assert a.read_text() == "two\n"
+        assert os.stat(workspace / "a.txt").st_ino == os.stat(workspace / "sub" / "b.txt").st_ino
+        events = journal(m)
+        link = next(e for e in events if e["op"] == "link")
+        assert (link["path"], link["source"], link["intended"]) == (
+            "sub/b.txt",
+            "a.txt",
+            sha(b"one\n"),
+        )
+        (write,) = [e for e in events if e["op"] == "write"]
+        assert (write["expected"], write["intended"]) == (sha(b"one\n"), sha(b"two\n"))
+        assert sorted([write["path"], *write["links"]]) == ["a.txt", "sub/b.txt"]
+        hist = m.path / ".rw" / "history"
+        for name in ("a.txt", "sub/b.txt"):
+            got = [(hist / name / v).read_text() for v in sorted(os.listdir(hist / name))]
+            assert got == ["one\n", "two\n"], name
+        os.unlink(a)
+        assert b.read_text() == "two\n" and os.stat(b).st_nlink == 1
+        (unlink,) = [e for e in journal(m) if e["op"] == "unlink"]
+        assert unlink["expected"] == sha(b"two\n")
+        (m.path / ".rw" / "ctl").write_text(f"undo {unlink['batch']}\n")
+        assert (a.read_text(), b.read_text()) == ("two\n", "two\n")
+    finally:
+        m.stop()
+    check_clean(m)
+
+
 def test_a_pre_image_shared_with_another_name_is_kept_as_a_copy(tmp_path: Path) -> None:
-    """A file linked behind the mount while a stage is open: the commit keeps its old bytes,
-    but that inode still has the other name, which is written in place. The kept object
+    """A file linked behind the mount while a stage is open: the commit keeps its old bytes
+    and writes the new ones in place, into the inode the other name shares. The kept object
     must be a copy, or it would change with that name."""
     ws, mp, m = mounted_beside(tmp_path)
     try:
@@ -410,13 +448,16 @@ def test_a_pre_image_shared_with_another_name_is_kept_as_a_copy(tmp_path: Path) 
             f.flush()  # the write is in the stage
             os.link(ws / "a.txt", ws / "b.txt")  # behind the mount: it does not see this
             os.fsync(f.fileno())  # the commit: it keeps the inode's bytes, "one"
-        with open(ws / "b.txt", "r+") as f:
-            f.write("TWO\n")  # in place, into the inode the commit kept
-        assert (mp / "a.txt").read_text() == "two\n"
+        # In place: the link holds the commit too (a rename would have split it).
+        assert os.stat(ws / "a.txt").st_ino == os.stat(ws / "b.txt").st_ino
+        assert (ws / "b.txt").read_text() == "two\n"
         writes = [e for e in journal(m) if e["op"] == "write" and e["path"] == "a.txt"]
-        assert writes[-1]["expected"] == sha(b"one\n")
+        assert (writes[-1]["expected"], writes[-1]["links"]) == (sha(b"one\n"), ["b.txt"])
+        with open(ws / "b.txt", "r+") as f:
+            f.write("TWO\n")  # in place, behind the mount, into the file the commit wrote
         history = mp / ".rw" / "history" / "a.txt"
-        assert "one\n" in [(history / v).read_text() for v in os.listdir(history)]
+        first = sorted(os.listdir(history))[0]
+        assert (history / first).read_text() == "one\n"  # the kept copy did not change
     finally:
         m.stop()
     res = m.fsck()

@@ -743,6 +743,53 @@ def test_hard_links(roots: tuple[Path, Path]) -> None:
     )
 
 
+def test_hard_links_against_saves_renames_and_truncates(roots: tuple[Path, Path]) -> None:
+    """A hard-linked file is one file: a write, a truncate(2) or an O_TRUNC through any
+    name changes every name; a save by rename gives one name a new file and leaves the
+    other the old one; rename(2) between two names of one file does nothing."""
+
+    def run(root: Path) -> Any:
+        (root / "sub").mkdir()
+        a, b, c = root / "a.txt", root / "sub" / "b.txt", root / "c.txt"
+        a.write_bytes(b"x = 1\n" * 50)
+        os.link(a, b)  # another directory
+        os.link(b, c)
+        b.write_bytes(b"x = 2\n")  # O_TRUNC through one name
+        after_write = a.read_bytes(), c.read_bytes()
+        os.truncate(c, 9)  # (longer: no truncation gate)
+        after_truncate = a.read_bytes(), os.stat(a).st_size
+        os.rename(a, c)  # two names of one file: nothing happens
+        both_there = a.exists(), c.exists()
+        noreplace = errname(lambda: renameat2(a, c, RENAME_NOREPLACE))
+        tmp = root / "sub" / ".b.txt.tmp"
+        tmp.write_bytes(b"y = 3\n")
+        os.replace(tmp, b)  # a save by rename: b is a new file
+        return (
+            after_write,
+            after_truncate,
+            both_there,
+            noreplace,
+            a.read_bytes(),
+            b.read_bytes(),
+            os.stat(a).st_nlink,
+            os.stat(b).st_nlink,
+        )
+
+    assert both(roots, run) == (
+        "ok",
+        (
+            (b"x = 2\n", b"x = 2\n"),
+            (b"x = 2\n\0\0\0", 9),
+            (True, True),
+            "EEXIST",
+            b"x = 2\n\0\0\0",
+            b"y = 3\n",
+            2,
+            1,
+        ),
+    )
+
+
 def test_link_while_a_truncate_is_staged(roots: tuple[Path, Path]) -> None:
     def run(root: Path) -> Any:
         (root / "a").write_bytes(b"some bytes")

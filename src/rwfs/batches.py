@@ -255,6 +255,12 @@ class Batches:
             "size": size,
             "order": before["order"] if before else len(entries),
             "stage": stage,
+            # Made again after the batch deleted it: a new file at the name (see retarget).
+            **(
+                {"replace": True}
+                if before and (before.get("replace") or before["intended"] is None)
+                else {}
+            ),
         }
         try:
             await self._save(batch)
@@ -274,6 +280,9 @@ class Batches:
             moved = entries.pop(fsdecode(commit.path))
             before = entries.pop(fsdecode(dst), None)
             moved["expected"] = before["expected"] if before else base
+            # A file renamed onto dst: the commit replaces the name, as rename(2) does, and
+            # never writes into a file dst shares with other names (workspace._replace).
+            moved["replace"] = True
             entries[fsdecode(dst)] = moved
             del batch.held[commit.path]
             replaced = batch.held.pop(dst, None)
@@ -358,6 +367,17 @@ class Batches:
                 self.ws.drop_stage(commit.stage)
                 self._settled(commit, ABORTED)
             batch.held.clear()
+            for link in batch.record.get("links", []):  # made in the batch, still that file
+                path = os.fsencode(link["path"])
+                try:
+                    st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+                    if [st.st_ino, st.st_nlink > 1] != [link["ino"], True]:
+                        continue  # its other names are gone: the name holds the file now
+                    os.unlink(path, dir_fd=self.ws.root_fd)
+                except OSError:
+                    continue
+                self.ws.record({"op": "unlink", "path": link["path"], "batch": batch.name})
+                self.ws.on_gone(path)
             for d in reversed(batch.record.get("dirs", [])):  # made in the batch, still empty
                 path = os.fsencode(d)
                 try:
@@ -372,6 +392,13 @@ class Batches:
         files wait for the commit); an abort removes it again if it is still empty."""
         async with batch.lock:
             batch.record.setdefault("dirs", []).append(fsdecode(path))
+            await self._save(batch)
+
+    async def made_link(self, batch: Batch, path: bytes, ino: int) -> None:
+        """A hard link made by a writer of the open batch: in the tree already, as a
+        directory is; an abort removes it again while the file has another name."""
+        async with batch.lock:
+            batch.record.setdefault("links", []).append({"path": fsdecode(path), "ino": ino})
             await self._save(batch)
 
     async def resume(self, batch: Batch) -> None:
@@ -576,18 +603,28 @@ class Batches:
             return reasons
         faults.point("batch_after_dry_run")
         todo = [c for c in commits if c.outcome != "pending"]
+        for c in todo:
+            if batch.record["entries"].get(fsdecode(c.path), {}).get("replace"):
+                c.info["replace"] = True
         for c in todo:  # a conflict found at resume can still show its base
             self._keep_base(c)
         for c in todo:
             if c.stage.fd < 0 and c.intended is not None and not self._materialize(c):
                 c.outcome = "pending"
-        todo = [c for c in todo if c.outcome != "pending"]
+        # Deletions first: removing one name of a hard-linked file before another name's
+        # write in place leaves that write a file of one name, and the deletion sees the
+        # bytes it expects (a write in place first would change them under it).
+        todo = sorted(
+            (c for c in todo if c.outcome != "pending"), key=lambda c: c.intended is not None
+        )
         if len(todo) > 8:
             syncfs(ws.staging_fd)
         else:
             for c in todo:
                 if c.stage.fd >= 0:
                     os.fsync(c.stage.fd)
+
+        linked = ws.linked(todo)
 
         def prepare(txn: Any) -> None:
             for c in todo:
@@ -604,6 +641,7 @@ class Batches:
                         "intended": c.intended,
                         "stage": c.stage.name.decode(),
                         "size": c.size,
+                        **({"in_place": True} if c.id in linked else {}),
                     }
                 )
                 if not rollback:

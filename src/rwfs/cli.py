@@ -14,7 +14,17 @@ from collections.abc import Callable
 from typing import Any
 
 from . import kernelflags  # before pyfuse3 is imported: see kernelflags
-from .mount import QuietError, open_state, refuse_nesting, rwfs_mounts, serve, spawn, umount
+from .mount import (
+    UMOUNT_WAIT,
+    QuietError,
+    open_state,
+    owed_commits,
+    refuse_nesting,
+    rwfs_mounts,
+    serve,
+    spawn,
+    umount,
+)
 
 
 def _locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
@@ -22,8 +32,17 @@ def _locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
     path = os.path.realpath(path)
     if path in rwfs_mounts():
         # Make every queued commit durable first, so the journal read below is current.
-        with open(os.path.join(path, ".rw", "ctl"), "w") as f:
-            f.write("sync\n")
+        try:
+            with open(os.path.join(path, ".rw", "ctl"), "w") as f:
+                f.write("sync\n")
+        except OSError as exc:
+            # The journal cannot commit (EIO): what it holds is read as it is, and
+            # `status` says why (its `journal` entry).
+            print(
+                f"rwfs: the queued commits could not be made durable ({exc.strerror}); "
+                "see the journal entry of 'rwfs status'",
+                file=sys.stderr,
+            )
         with open(os.path.join(path, ".rw", "status"), "rb") as f:
             status = json.load(f)
         pid = status["pid"]
@@ -56,7 +75,7 @@ def cmd_mount(a: argparse.Namespace) -> int:
 
 
 def cmd_umount(a: argparse.Namespace) -> int:
-    umount(a.mountpoint)
+    umount(a.mountpoint, wait=a.wait)
     return 0
 
 
@@ -69,6 +88,9 @@ def cmd_status(a: argparse.Namespace) -> int:
         try:
             status = {
                 "mounted": False,
+                # Acknowledged commits the journal has not recorded: the next mount
+                # finishes them (an unmount while the journal could not commit).
+                "intent_log_commits": owed_commits(root, store.meta_int(b"applied_gen")),
                 "workspace": root,
                 "counts": store.counters(),
                 "last_lsn": store.meta_int(b"lsn"),
@@ -158,7 +180,9 @@ journaled, and a write that would break a file is refused. Its control directory
   bytes, the version you started from and a three-way merge are in `.rw/conflicts/<id>/`
   (`intended`, `base`, `merged`); `echo keep-actual > .rw/conflicts/<id>/ctl` (or
   `take-intended`, or `resolved` after merging by hand) settles it.
-- **EIO** means the journal could not record the write: nothing was written.
+- **EIO** means the journal cannot commit: that write was not made (the file keeps its
+  previous bytes), or, from `fsync()` of a file closed earlier, its commit is queued and
+  not durable yet. `.rw/last-error` says which; `.rw/status` (`journal`) says since when.
 - `.rw/history/<path>/` holds every earlier version of a file (also of deleted files);
   `mkdir .rw/snapshots/NAME` names this point, and `echo 'restore NAME' > .rw/ctl` brings
   the files back to it (`echo 'undo BATCH' > .rw/ctl` undoes one batch). Both are
@@ -432,6 +456,14 @@ def parser() -> argparse.ArgumentParser:
     m.set_defaults(fn=cmd_mount)
     u = sub.add_parser("umount", help="unmount and wait for the daemon to finish its commits")
     u.add_argument("mountpoint")
+    u.add_argument(
+        "--wait",
+        type=float,
+        default=UMOUNT_WAIT,
+        metavar="SECONDS",
+        help="while the journal cannot commit, retry this long before unmounting anyway "
+        f"and failing with the count of commits left (default {UMOUNT_WAIT:.0f})",
+    )
     u.set_defaults(fn=cmd_umount)
     s = sub.add_parser("status", help="the workspace's state")
     s.add_argument("path", nargs="?", default=".")

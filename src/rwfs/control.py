@@ -414,6 +414,8 @@ class Control:
             "last_lsn": self.ws.store.meta_int(b"lsn"),
             "journal_bytes": self.ws.store.size_bytes(),
             "journal_ok": self.ws.journal_ok,
+            # Whether LMDB commits, since when it does not, and the commits it still owes.
+            "journal": self.ws.journal_status(),
             # What recovery at this mount could not settle (docs/recovery.md).
             "unsettled": self.ws.recovery_left,
             **{key: fn() for key, fn in self.live.items()},
@@ -476,6 +478,9 @@ class Control:
         no_args(args, "gc", ".rw/ctl")
         async with self.ws.commit_lock:
             await self.ws.flush_locked()  # every reference to an object is journaled
+            if not self.ws.journal_ok:
+                # Not journaled yet: a queued commit's kept bytes would look unreferenced.
+                raise self.ws.journal_queued(b"")
             await trio.to_thread.run_sync(
                 gc.collect, self.ws.store, self.ws.objects, self.ws.policy
             )

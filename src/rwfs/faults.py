@@ -17,6 +17,7 @@ POINTS = (
     "after_prepare",  # receipts are durable in LMDB, nothing renamed yet
     "after_preimage",  # the old inode is kept as an object, stage not yet renamed
     "after_rename",  # one stage renamed over its target
+    "in_place_copied",  # a hard-linked file's new bytes copied over its old, not yet cut
     "before_commit_record",  # every rename of the group done, commit records not written
     "after_commit_record",  # commit records durable, intent log not yet dropped
     "after_unlink",  # a journaled unlink reached the tree, its event not yet recorded

@@ -38,16 +38,23 @@ States of a path:
 - **hidden** (``hidden``): a file an open batch deletes: gone from the view, in the tree
   until the batch commits (``committed`` of a deletion, ``intended is None``).
 
-The batch's side of the namespace is decided here too: an unlink a batch takes
-(``hide``), of its new file (``drop_virtual``), a rename of its new file
+The namespace is decided here too: what an ``unlink``/``rmdir`` (``remove``), a ``rename``
+(``rename``: settled and gated onto a journaled file until nothing is queued at either
+name), a ``link`` and a ``create`` in an open batch (``create_in_batch``) become, each
+journaled around its syscall (``Workspace.operation``). The batch's side: an unlink a
+batch takes (``hide``), of its new file (``drop_virtual``), a rename of its new file
 (``rename_virtual``, gated like ``gate_rename`` onto a file the mount shows), and EXDEV for
 any other rename a batch would have to take (``batch_rename``). A held draft that ends
-while descriptors are open on it is let go, not dropped (``letting_go``).
+while descriptors are open on it is let go, not dropped (``letting_go``). A removal is
+remembered for a while (``path_removed``): a new file made there is gated as a save of
+the removed one (``_recreated``).
 
 Meanwhile a path may be renamed (``Inode.paths`` moves, a queued commit is settled first:
 ``settle_below``), unlinked (no path left: the seal's result is dropped, ``orphan_stage``;
-descriptors still open keep the stage until the last release), or linked (``fs.link``
-commits and settles first, and refuses a file a batch holds). The read records
+descriptors still open keep the stage until the last release), or linked (``link``
+commits and settles first, and refuses a file a batch holds). A hard-linked file is one
+inode under several paths; its commit is written into that inode (workspace.py,
+``_write_in_place``). The read records
 (``reads``, ``read_at``) remember what each process read, so that a commit over a version
 it never saw is a stale write (SPEC §6.4; ``path_leaves`` before a path stops naming its
 file).
@@ -66,6 +73,13 @@ Concurrency (trio: tasks interleave only at ``await``):
   (a flush and the commit's ``done``) under ``inode.lock``: a commit point of the same
   inode waits; handlers that take no lock (a read, ``getattr``, an unlink or rename of
   the path) run meanwhile.
+- ``remove`` and ``rename`` await the settling of both names (``rename`` again until
+  nothing is queued at either after its gate), then, for one name of a hard-linked file,
+  the copy of its bytes (``Workspace.keep_removed``, a worker thread) before the syscall:
+  a commit through another name can land in that moment and put its bytes in the copy.
+  ``link`` awaits the commit of the source's stage and its digest. None holds an inode's
+  lock; a refusal of a save by re-creation awaits, under the lock, the stage and the
+  submit of the bytes it puts back (``_put_back``).
 - Other locks are taken only through the calls that need them: ``Batch.lock``
   (``batches.py``) serialises a batch's ``hold``, ``unhold``, ``commit`` and ``abort``;
   ``Workspace.commit_lock`` serialises the committer's groups, a batch's commit, and each
@@ -86,20 +100,50 @@ import contextlib
 import errno
 import os
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from . import faults
 from .batches import Batches
 from .inodes import Inode, InodeTable
 from .objects import EMPTY_DIGEST
-from .workspace import Commit, Stage, Workspace, borrowed, fsdecode, rel
+from .workspace import Commit, Stage, Workspace, borrowed, fsdecode, rel, renameat2
 
 # Stale writes: the (process, file) pairs remembered before all are forgotten, and the
 # replaced files whose bytes are held open, so that a process that read one can be told
 # what it read (the oldest is let go first).
 READS_MAX = 100_000
 GONE_MAX = 256
+# A new file made where the same user removed a journaled file this many seconds before is
+# a save of that file (Files._recreated); at most REMOVED_MAX removals are remembered.
+RECREATE_S = 10.0
+REMOVED_MAX = 64
+
+
+def open_regular(root_fd: int, path: bytes) -> int | None:
+    """A descriptor of the regular file at ``path`` to read, or None (never a device's or
+    a FIFO's: opening one can block or act)."""
+    how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        if not stat.S_ISREG(os.stat(path, dir_fd=root_fd, follow_symlinks=False).st_mode):
+            return None
+        fd = os.open(path, how, dir_fd=root_fd)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
+        os.close(fd)
+        return None
+    return fd
+
+
+def _exists(root_fd: int, path: bytes) -> bool:
+    try:
+        os.stat(path, dir_fd=root_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def _refused(code: int) -> OSError:
@@ -139,6 +183,15 @@ class Gone:
 
 
 @dataclass(eq=False, slots=True)
+class Removed:
+    """The bytes of a file its path stopped naming, for ``Files._recreated``."""
+
+    fd: int
+    uid: int
+    at: float  # time.monotonic()
+
+
+@dataclass(eq=False, slots=True)
 class ReadAt:
     """The file a process last opened to read at a path: its inode and version. Once the
     path stops naming that file (``replaced``), the digest the process read if it is
@@ -172,14 +225,15 @@ class Files:
         # files created in the batch, or a new file renamed over one (Inode.virtual).
         self.virtual: dict[bytes, Inode] = {}
         self.hidden: set[bytes] = set()  # paths an open batch deletes: gone from the view
+        # path -> the journaled file a save removed there, for a while (_recreated).
+        self.removed: dict[bytes, Removed] = {}
 
     async def settle(self, inode: Inode) -> None:
         """Wait until the inode's queued commit is in the tree (a draft an open batch
         holds stays until the batch commits: there is nothing to wait for)."""
         while inode.pending is not None and not inode.pending.held:
-            commit = inode.pending
-            await self.ws.sync()
-            await commit.done.wait()
+            # EIO while the journal cannot record it (the commit stays queued).
+            await self.ws.settle_commit(inode.pending)
 
     def queued(self, path: bytes) -> list[Commit]:
         """The commits at ``path`` or below it that are queued or being applied."""
@@ -193,8 +247,7 @@ class Files:
         if inode is not None:
             await self.settle(inode)  # its commit may not be queued yet
         while busy := self.queued(path):
-            await self.ws.sync()
-            await busy[0].done.wait()
+            await self.ws.settle_commit(busy[0])
 
     def committed(self, c: Commit) -> None:
         """Called by the committer (on the loop) once a queued commit is settled."""
@@ -226,7 +279,9 @@ class Files:
         elif inode.stage is not None and c.outcome in ("committed", "landed"):
             # A stage opened on top of a batch's draft: its base is now the tree's bytes.
             inode.stage.expected = c.intended
-        if c.outcome == "committed":
+        if c.outcome == "committed" and c.info.get("in_place"):
+            pass  # a hard-linked file: its own inode holds the bytes now, the stage goes
+        elif c.outcome == "committed":
             # The stage's descriptor now reaches the live file: keep it as the backing fd.
             if inode.fd >= 0:
                 os.close(inode.fd)
@@ -392,9 +447,7 @@ class Files:
         if self.ws.policy.is_passthrough(path, is_dir):
             return False
         if st is not None and stat.S_ISREG(st.st_mode):
-            # A hard-linked file is written in place: replacing it by rename would split
-            # the link (docs/architecture.md).
-            return st.st_size <= self.ws.policy.max_journaled_bytes and st.st_nlink == 1
+            return st.st_size <= self.ws.policy.max_journaled_bytes
         return True
 
     async def hide(self, path: bytes, inode: Inode | None, who: dict[str, Any]) -> bool:
@@ -411,10 +464,14 @@ class Files:
         st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
         if not (stat.S_ISREG(st.st_mode) and self.journaled(path, st)):
             return False
-        if held is not None and held.held:
+        if held is not None and held.held and held.path == path:
             assert inode is not None
             with self.letting_go(inode, held):
                 await self.batches.hide(batch, path, held.stage.expected)
+        elif held is not None and held.held:
+            # One name of a hard-linked file whose draft the batch holds under another:
+            # that name keeps the draft; this one's base is the file's committed bytes.
+            await self.batches.hide(batch, path, held.stage.expected)
         else:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
             try:
@@ -427,6 +484,216 @@ class Files:
         if gone is not None:
             self.inodes.orphan(gone)
         return True
+
+    # ---- the namespace: what an unlink, a rename, a link or a create of a file becomes ----
+
+    def path_made_by(self, path: bytes, ino: int, who: dict[str, Any]) -> None:
+        if self.read_at.get(path):
+            self.path_made(path, ino, who["pid"])
+
+    def _leaves(self, path: bytes, who: dict[str, Any], now: Inode | None = None) -> None:
+        if self.read_at.get(path):
+            self.path_leaves(path, who["pid"], now)
+
+    async def remove(self, path: bytes, who: dict[str, Any], is_dir: bool) -> None:
+        """unlink(2) or rmdir(2) of ``path``: an open batch's new file is forgotten, a file
+        a batch takes is hidden until its commit; otherwise the removal reaches the tree,
+        journaled with the removed bytes kept (and remembered for a save that makes the
+        file again: ``_recreated``)."""
+        virtual = self.virtual.get(path)
+        if virtual is not None:
+            if is_dir:
+                raise _refused(errno.ENOTDIR)
+            await self.drop_virtual(virtual)
+            return
+        inode = self.inodes.by_path.get(path)
+        if not is_dir and await self.hide(path, inode, who):
+            return
+        if inode is not None:
+            await self.settle(inode)
+        # Kept for the kernel, which may still hold a directory (a shell's cwd).
+        st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        if is_dir:
+            with self.ws.operation(self.journaled(path, None, True), who, "rmdir", path):
+                os.rmdir(path, dir_fd=self.ws.root_fd)
+        else:
+            self._leaves(path, who)
+            incoming = removed = None
+            journaled = self.journaled(path, st)
+            if journaled and stat.S_ISREG(st.st_mode):
+                incoming = await self.ws.keep_removed(path, st)  # keep the bytes
+                if st.st_size:  # for a save that makes the file again (_recreated)
+                    removed = open_regular(self.ws.root_fd, path)
+            try:
+                mode = stat.S_IMODE(st.st_mode)  # of the file removed: undo, restore use it
+                with self.ws.operation(journaled, who, "unlink", path, incoming, mode=mode):
+                    os.unlink(path, dir_fd=self.ws.root_fd)
+                    faults.point("after_unlink")
+            except OSError:
+                if incoming is not None:
+                    os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
+                if removed is not None:
+                    os.close(removed)
+                raise
+            if removed is not None:
+                self.path_removed(path, who, removed)
+        gone = self.inodes.detach(path)
+        # Its backing inode number is free for reuse now (a directory has no other name).
+        if gone is not None and (is_dir or st.st_nlink == 1):
+            self.inodes.orphan(gone)
+            if is_dir:
+                gone.removed = st
+
+    async def rename(self, src: bytes, dst: bytes, flags: int, who: dict[str, Any]) -> None:
+        """rename(2): a rename onto a journaled file is a commit of it (gated first), the
+        replaced bytes are kept, the moved file's digest journaled; an open batch's files
+        are renamed within the batch, and a rename a batch would have to take is EXDEV
+        (mv and most tools then copy and delete, which the batch holds)."""
+        if src in self.virtual or dst in self.virtual:
+            await self.rename_virtual(src, dst, flags, who)
+            return
+        if self.batch_rename(src, dst, who):
+            raise _refused(errno.EXDEV)
+        exchange = bool(flags & RENAME_EXCHANGE)
+        # Nothing queued may be left at either name when the rename runs: a commit names
+        # its path, which the rename would make stale (a conflict, ESTALE to a writer
+        # waiting in fsync). Writers can queue more while this waits or gates: again.
+        while True:
+            for p in (src, dst):
+                await self.settle_below(p)
+            sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            try:
+                dst_st: os.stat_result | None = os.stat(
+                    dst, dir_fd=self.ws.root_fd, follow_symlinks=False
+                )
+            except FileNotFoundError:
+                dst_st = None
+            same = dst_st is not None and (sst.st_dev, sst.st_ino) == (dst_st.st_dev, dst_st.st_ino)
+            if same and not flags & RENAME_NOREPLACE:
+                return  # two names of one file: rename(2) does nothing and succeeds
+            is_dir = stat.S_ISDIR(sst.st_mode)
+            journaled = self.journaled(src, sst, is_dir) or self.journaled(dst, dst_st, is_dir)
+            if (
+                journaled
+                and not flags
+                and dst_st is not None
+                and stat.S_ISREG(dst_st.st_mode)
+                and stat.S_ISREG(sst.st_mode)
+            ):
+                await self.gate_rename(src, dst, who)
+            if not self.queued(src) and not self.queued(dst):
+                break
+        if journaled:
+            moved = None if exchange else self.inodes.by_path.get(src)
+            self._leaves(src, who)
+            if dst_st is not None:
+                self._leaves(dst, who, moved)
+        incoming = None
+        if journaled and not exchange and dst_st is not None and stat.S_ISREG(dst_st.st_mode):
+            incoming = await self.ws.keep_removed(dst, dst_st)  # keep the replaced bytes
+        moved_fd = None
+        if journaled and stat.S_ISREG(sst.st_mode):
+            moved_fd = os.open(
+                src,
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                dir_fd=self.ws.root_fd,
+            )
+        # A file renamed away may be made again at its name (vim's default save).
+        removed = (
+            os.dup(moved_fd) if moved_fd is not None and sst.st_size and not exchange else None
+        )
+        try:
+            with self.ws.operation(
+                journaled,
+                who,
+                "rename",
+                src,
+                incoming,
+                dest=fsdecode(dst),
+                exchange=exchange or None,
+            ) as late:
+                renameat2(self.ws.root_fd, src, self.ws.root_fd, dst, flags)
+                late["hash_fd"] = moved_fd
+        except OSError:
+            if incoming is not None:
+                os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
+            for fd in (moved_fd, removed):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        self.forget_removed(dst)
+        if removed is not None:
+            self.path_removed(src, who, removed)
+        if exchange:
+            self.inodes.exchange(src, dst)  # a directory's children move with it
+        else:
+            if dst_st is not None:
+                gone = self.inodes.detach(dst)
+                if gone is not None and dst_st.st_nlink == 1 and not stat.S_ISDIR(dst_st.st_mode):
+                    self.inodes.orphan(gone)
+            self.inodes.move(src, dst)
+
+    async def link(self, src: Inode, path: bytes, who: dict[str, Any]) -> None:
+        """link(2): a new name of a file, journaled with the file's digest. Not of a file
+        whose bytes are an open batch's (its draft, or a name it deletes): EXDEV."""
+        if src.virtual or self.held(src) is not None or path in self.hidden:
+            # The tree does not hold what the mount shows at one of the two names: a link
+            # there would not link it.
+            raise _refused(errno.EXDEV)
+        # The new name must reach the bytes every reader sees: commit an open stage (say,
+        # a truncate(2) while a descriptor is open) before linking the backing file, again
+        # if a writer opened another meanwhile.
+        while True:
+            before = src.stage
+            await self.commit(src, who, wait=True)
+            await self.settle(src)
+            if src.stage is None or src.stage is before or not src.paths:
+                break  # (a stage that stays is a batch's draft, or an unlinked file's)
+        if self.held(src) is not None:  # the commit went to an open batch
+            raise _refused(errno.EXDEV)
+        journaled = self.journaled(path)
+        digest = None  # the new name's bytes, for its history and the path index
+        fd = open_regular(self.ws.root_fd, rel(src.path)) if journaled else None
+        if fd is not None:
+            try:
+                digest = await self.ws.digest(fd)
+            finally:
+                os.close(fd)
+        with self.ws.operation(
+            journaled, who, "link", path, source=fsdecode(src.path), intended=digest
+        ):
+            os.link(
+                rel(src.path),
+                path,
+                src_dir_fd=self.ws.root_fd,
+                dst_dir_fd=self.ws.root_fd,
+                follow_symlinks=False,
+            )
+        batch = self.batches.for_writer(who) if journaled else None
+        if batch is not None:  # an abort removes it again
+            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            await self.batches.made_link(batch, path, st.st_ino)
+
+    async def create_in_batch(
+        self, path: bytes, mode: int, who: dict[str, Any], owner: tuple[int, int]
+    ) -> Inode | None:
+        """create(2) by a writer of an open batch, or where a batch deletes a file: the new
+        file is only a stage until the batch commits (a virtual inode, returned); None if
+        the new file is the tree's."""
+        if not self.journaled(path) or path in self.virtual:
+            return None
+        # A file an open batch deletes is the batch's, whoever makes it again.
+        held = self.batches.holding(path) if path in self.hidden else None
+        batch = held or self.batches.for_writer(who)
+        if batch is None or not (path in self.hidden or not _exists(self.ws.root_fd, path)):
+            return None
+        self.hidden.discard(path)
+        stage = await self.ws.empty_stage(mode, *owner)
+        inode = self.inodes.add_virtual(path)
+        inode.stage = stage
+        inode.lookups += 1
+        self.virtual[path] = inode
+        return inode
 
     def batch_rename(self, src: bytes, dst: bytes, who: dict[str, Any]) -> bool:
         if src in self.hidden or dst in self.hidden:
@@ -562,126 +829,208 @@ class Files:
                 self.orphan_stage(inode)
                 return
             stage.sealed = True  # atomic: set before the first await, so writers wait
-            # The gates judge the new bytes against what the mount showed: the tree's file,
-            # or the draft of it an open batch holds. A new (empty) file has nothing a write
-            # could break: only the secrets gate has something to look at. They judge
-            # written text: a stage nothing was written into holds only truncations to
-            # lengths the caller chose (truncate(2), ftruncate(2), O_TRUNC), a deliberate
-            # change, journaled and undoable like any other but never refused, so that
-            # the truncate that returned success is not undone at this commit point (SPEC
-            # §3.3a, §4.1). One whose last change is such a truncation is not judged by
-            # the truncation and elision gates (``Stage.cut_last``, ``gates.check``).
-            gated = inode.path
-            held_before = self.held(inode)
-            shown, base_fd = self._shown(inode, held_before, stage)
-            gate = stage.written and (
-                shown != EMPTY_DIGEST or self.ws.policy.gate("secrets", gated)["action"] != "off"
-            )
-            intended, size, findings = await self.ws.seal(stage, (gated, base_fd) if gate else None)
-            if not inode.paths:  # unlinked during the seal
-                stage.sealed = False
-                self.orphan_stage(inode)
-                return
-            path = inode.path
-            held = self.held(inode)
-            shown, base_fd = self._shown(inode, held, stage)
-            if held is not None and intended in (held.intended, stage.expected):
-                # The batch's draft again, or the batch's base again (no change left).
-                self.ws.drop_stage(stage)
-                inode.stage = held.stage
-                if intended == stage.expected:
-                    await self.batches.unhold(self.batches.all[str(held.batch)], path)
-                return
+            removed = self._recreated(inode, stage, ctx_info)
+            try:
+                await self._sealed(inode, stage, ctx_info, wait, removed)
+            finally:
+                if removed is not None:
+                    os.close(removed)
+
+    async def _sealed(
+        self,
+        inode: Inode,
+        stage: Stage,
+        ctx_info: dict[str, Any],
+        wait: bool,
+        removed: int | None,
+    ) -> None:
+        """``commit`` of a sealed stage, under ``inode.lock``. ``removed``: a descriptor of
+        the bytes of the file a save by removal and re-creation removed (``_recreated``)."""
+        # The gates judge the new bytes against what the mount showed: the tree's file,
+        # or the draft of it an open batch holds. A new (empty) file has nothing a write
+        # could break: only the secrets gate has something to look at. They judge
+        # written text: a stage nothing was written into holds only truncations to
+        # lengths the caller chose (truncate(2), ftruncate(2), O_TRUNC), a deliberate
+        # change, journaled and undoable like any other but never refused, so that the
+        # truncate that returned success is not undone at this commit point (SPEC §3.3a,
+        # §4.1). One whose last change is such a truncation is not judged by the
+        # truncation and elision gates (``Stage.cut_last``, ``gates.check``).
+        gated = inode.path
+        held_before = self.held(inode)
+        shown, base_fd = self._shown(inode, held_before, stage)
+        gate = stage.written and (
+            shown != EMPTY_DIGEST or self.ws.policy.gate("secrets", gated)["action"] != "off"
+        )
+        if removed is not None and stage.written:  # judged against the file the save removed
+            base_fd, gate = removed, True
+        intended, size, findings = await self.ws.seal(stage, (gated, base_fd) if gate else None)
+        if not inode.paths:  # unlinked during the seal
+            stage.sealed = False
+            self.orphan_stage(inode)
+            return
+        path = inode.path
+        held = self.held(inode)
+        shown, base_fd = self._shown(inode, held, stage)
+        if removed is not None and held is None:
+            base_fd = removed
+        if held is not None and intended in (held.intended, stage.expected):
+            # The batch's draft again, or the batch's base again (no change left).
+            self.ws.drop_stage(stage)
+            inode.stage = held.stage
             if intended == stage.expected:
-                self.ws.drop_stage(stage)
-                inode.stage = None
-                os.utime(rel(path), dir_fd=self.ws.root_fd, follow_symlinks=False)
-                self.ws.record(
-                    {
-                        "op": "noop",
-                        "path": fsdecode(path),
-                        "batch": None,
-                        "intended": intended,
-                        **ctx_info,
-                    }
-                )
-                self.ws.stats.count("noops")
-                return
-            if stage.written and (path != gated or held is not held_before):
-                # Renamed during the seal, or the batch ended meanwhile: gate it as what it
-                # is now, against what the mount shows now.
-                findings = await self.ws.run_gates(path, base_fd, stage.fd, stage.cut_last)
-            if any(f.action == "reject" for f in findings):
-                # Refused: the draft is kept, the stage goes, the file reads as before.
-                err = await self.ws.refuse(path, stage.fd, shown, intended, findings, ctx_info)
+                await self.batches.unhold(self.batches.all[str(held.batch)], path)
+            return
+        if intended == stage.expected:
+            self.ws.drop_stage(stage)
+            inode.stage = None
+            os.utime(rel(path), dir_fd=self.ws.root_fd, follow_symlinks=False)
+            self.ws.record(
+                {
+                    "op": "noop",
+                    "path": fsdecode(path),
+                    "batch": None,
+                    "intended": intended,
+                    **ctx_info,
+                }
+            )
+            self.ws.stats.count("noops")
+            return
+        if stage.written and (path != gated or held is not held_before):
+            # Renamed during the seal, or the batch ended meanwhile: gate it as what it
+            # is now, against what the mount shows now.
+            findings = await self.ws.run_gates(path, base_fd, stage.fd, stage.cut_last)
+        if any(f.action == "reject" for f in findings):
+            # Refused: the draft is kept, the stage goes, the file reads as before.
+            put_back = removed is not None and held is None and base_fd == removed
+            if put_back:
+                assert removed is not None
+                shown = await self.ws.digest(removed)
+            err = await self.ws.refuse(path, stage.fd, shown, intended, findings, ctx_info)
+            await self._unstage(inode, held, stage)
+            if put_back:
+                assert removed is not None and shown is not None
+                await self._put_back(inode, path, removed, shown, ctx_info)
+            if wait:
+                # fsync(): the kernel holds the inode's lock until we answer, and
+                # invalidating needs it, so it runs after the answer.
+                self.kernel.invalidate(inode)
+            else:
+                await self.kernel.invalidate_now(inode)  # a reread must not see the draft
+            raise err
+        info = dict(ctx_info)
+        if findings:
+            info["warnings"] = [
+                {"gate": f.gate, "message": f.message, **f.details} for f in findings
+            ]
+        stale, read_fd = self._stale_read(inode, ctx_info), -1
+        if stale is None:
+            stale, read_fd = await self._replaced_read(inode, path, ctx_info, shown)
+        if stale is not None:
+            if self.ws.policy.stale_write == "conflict":
+                with borrowed(read_fd) as (rfd,):  # eviction may close the original
+                    err = await self.ws.stale_conflict(
+                        path,
+                        stage,
+                        intended,
+                        stale or None,
+                        ctx_info,
+                        actual=(shown, base_fd),
+                        batch=held.batch if held is not None else None,
+                        read_fd=rfd,
+                    )
                 await self._unstage(inode, held, stage)
                 if wait:
-                    # fsync(): the kernel holds the inode's lock until we answer, and
-                    # invalidating needs it, so it runs after the answer.
                     self.kernel.invalidate(inode)
                 else:
-                    await self.kernel.invalidate_now(inode)  # a reread must not see the draft
+                    await self.kernel.invalidate_now(inode)
                 raise err
-            info = dict(ctx_info)
-            if findings:
-                info["warnings"] = [
-                    {"gate": f.gate, "message": f.message, **f.details} for f in findings
-                ]
-            stale, read_fd = self._stale_read(inode, ctx_info), -1
-            if stale is None:
-                stale, read_fd = await self._replaced_read(inode, path, ctx_info, shown)
-            if stale is not None:
-                if self.ws.policy.stale_write == "conflict":
-                    with borrowed(read_fd) as (rfd,):  # eviction may close the original
-                        err = await self.ws.stale_conflict(
-                            path,
-                            stage,
-                            intended,
-                            stale or None,
-                            ctx_info,
-                            actual=(shown, base_fd),
-                            batch=held.batch if held is not None else None,
-                            read_fd=rfd,
-                        )
-                    await self._unstage(inode, held, stage)
-                    if wait:
-                        self.kernel.invalidate(inode)
-                    else:
-                        await self.kernel.invalidate_now(inode)
-                    raise err
-                info.setdefault("warnings", []).append(
-                    {
-                        "gate": "stale_write",
-                        "message": "this process read an older version of the file than "
-                        "the one it replaced: a change made meanwhile may be lost",
-                        "read": stale or None,
-                    }
-                )
-                self.ws.stats.count("stale_writes")
-            self._new_version(inode, shown, intended, ctx_info)
-            commit = Commit(path, stage, intended, size, info, owner=inode)
-            # A file an open batch holds stays in it, whoever writes it (every writer
-            # built on the draft); otherwise the batch whose scope the writer is in.
-            batch = self.batches.all.get(str(held.batch)) if held else None
-            if batch is None and inode.virtual:  # made again where the batch deletes a file
-                batch = self.batches.holding(path)
-            batch = batch or self.batches.for_writer(ctx_info)
-            if batch is not None and await self.batches.hold(batch, commit, wait):
-                inode.pending = commit
-                return
+            info.setdefault("warnings", []).append(
+                {
+                    "gate": "stale_write",
+                    "message": "this process read an older version of the file than "
+                    "the one it replaced: a change made meanwhile may be lost",
+                    "read": stale or None,
+                }
+            )
+            self.ws.stats.count("stale_writes")
+        self._new_version(inode, shown, intended, ctx_info)
+        commit = Commit(path, stage, intended, size, info, owner=inode)
+        if len(inode.paths) > 1:  # hard links: committed in place, every name journaled
+            commit.aliases = tuple(sorted(inode.paths - {path}))
+        # A file an open batch holds stays in it, whoever writes it (every writer
+        # built on the draft); otherwise the batch whose scope the writer is in.
+        batch = self.batches.all.get(str(held.batch)) if held else None
+        if batch is None and inode.virtual:  # made again where the batch deletes a file
+            batch = self.batches.holding(path)
+        batch = batch or self.batches.for_writer(ctx_info)
+        if batch is not None and await self.batches.hold(batch, commit, wait):
             inode.pending = commit
-            try:
-                await self.ws.submit(commit, wait)
-            except BaseException:
-                # Refused before the committer took it (e.g. the journal is unavailable):
-                # nothing was written, so the stage goes and the file reads as before.
-                if inode.pending is commit and not self.ws.is_queued(commit):
-                    inode.pending = None
-                    if inode.stage is stage:
-                        inode.stage = None
-                    self.ws.drop_stage(stage)
-                    self.kernel.invalidate(inode)
-                raise
+            return
+        inode.pending = commit
+        try:
+            await self.ws.submit(commit, wait)
+        except BaseException:
+            # Refused before the committer took it (e.g. the journal is unavailable):
+            # nothing was written, so the stage goes and the file reads as before.
+            if inode.pending is commit and not self.ws.is_queued(commit):
+                inode.pending = None
+                if inode.stage is stage:
+                    inode.stage = None
+                self.ws.drop_stage(stage)
+                self.kernel.invalidate(inode)
+            raise
+
+    def path_removed(self, path: bytes, who: dict[str, Any], fd: int) -> None:
+        """``path`` stopped naming a journaled file (an unlink, or a rename away), whose
+        bytes ``fd`` holds (this takes it): a new file made there soon after by the same
+        user is that file saved again (``_recreated``)."""
+        old = self.removed.pop(path, None)
+        if old is not None:
+            os.close(old.fd)
+        self.removed[path] = Removed(fd, who.get("uid", -1), time.monotonic())
+        while len(self.removed) > REMOVED_MAX:  # the oldest goes
+            os.close(self.removed.pop(next(iter(self.removed))).fd)
+
+    def forget_removed(self, path: bytes) -> None:
+        """``path`` names another file now (a rename onto it, a new directory)."""
+        old = self.removed.pop(path, None)
+        if old is not None:
+            os.close(old.fd)
+
+    def _recreated(self, inode: Inode, stage: Stage, who: dict[str, Any]) -> int | None:
+        """A save by removal and re-creation (``git checkout``, ``git stash``, vim's default
+        save, ``rm f`` then a new ``f``): the first commit of a new, still empty file at a
+        path whose journaled file the same user removed within RECREATE_S. Its gates judge
+        the new bytes against the removed ones, as they would an edit of that file; returns
+        a descriptor of them (the caller closes it), else None."""
+        if stage.expected != EMPTY_DIGEST or inode.virtual or self.held(inode) is not None:
+            return None
+        if not inode.paths:
+            return None
+        rec = self.removed.pop(inode.path, None)
+        if rec is None:
+            return None
+        if rec.uid != who.get("uid", -1) or time.monotonic() - rec.at > RECREATE_S:
+            os.close(rec.fd)
+            return None
+        return rec.fd
+
+    async def _put_back(
+        self, inode: Inode, path: bytes, removed: int, digest: str, who: dict[str, Any]
+    ) -> None:
+        """A refused save by removal and re-creation: the new file gets the removed bytes
+        back (a commit of rwfs's own, journaled as a write), so the path holds what it held
+        before the save, as a refused edit leaves it."""
+        with borrowed(removed) as (fd,):
+            stage = await self.ws.new_stage(fd, truncate=False)
+        stage.expected = EMPTY_DIGEST
+        stage.sealed = True
+        size = os.fstat(stage.fd).st_size
+        info = {**who, "put_back": True}
+        commit = Commit(path, stage, digest, size, info, owner=inode)
+        self._new_version(inode, EMPTY_DIGEST, digest, who)
+        inode.stage, inode.pending = stage, commit
+        await self.ws.submit(commit, wait=False)
 
     @staticmethod
     def held(inode: Inode) -> Commit | None:

@@ -7,7 +7,6 @@ and becomes EIO. ``forget`` and ``release`` never raise.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import logging
@@ -15,27 +14,28 @@ import math
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pyfuse3
 import trio
 
-from . import faults, kernelflags, parsers
+from . import kernelflags, parsers
 from .batches import Batches
 from .control import CDir, CFile, Control
 from .files import Files
 from .inodes import ROOT, Inode, InodeTable
 from .objects import EMPTY_DIGEST
+from .store import JournalUnavailable
 from .workspace import (
     RwfsError,
     Stage,
     Workspace,
     borrowed,
     fsdecode,
+    journal_unavailable,
     rel,
-    renameat2,
 )
 
 log = logging.getLogger("rwfs.fs")
@@ -76,6 +76,13 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
                 if quiet:
                     return None
                 raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+            except JournalUnavailable as exc:
+                # LMDB could not commit an operation that writes it directly (a refusal's
+                # record, a batch's hold): EIO, as SPEC §7.2 says, and the envelope.
+                self.control.fail(journal_unavailable(b"", str(exc)))
+                if quiet:
+                    return None
+                raise pyfuse3.FUSEError(errno.EIO) from None
             except Exception:
                 log.exception("%s failed", fn.__name__)
                 if quiet:
@@ -115,12 +122,18 @@ def _fixed_size(node: Any) -> tuple[int, int | None]:
     return 0, None
 
 
-def _exists(root_fd: int, path: bytes) -> bool:
-    try:
-        os.stat(path, dir_fd=root_fd, follow_symlinks=False)
-        return True
-    except FileNotFoundError:
-        return False
+# The fields of a stat_result beyond its tuple (os.stat_result takes them as a dict).
+_STAT_EXTRA = (
+    "st_atime",
+    "st_mtime",
+    "st_ctime",
+    "st_atime_ns",
+    "st_mtime_ns",
+    "st_ctime_ns",
+    "st_blksize",
+    "st_blocks",
+    "st_rdev",
+)
 
 
 @dataclass(eq=False)
@@ -326,7 +339,18 @@ class Operations(pyfuse3.Operations):
 
     def _stat(self, inode: Inode) -> os.stat_result:
         if inode.stage is not None:
-            return os.fstat(inode.stage.fd)
+            st = os.fstat(inode.stage.fd)
+            if inode.fd < 0 or inode.virtual:
+                return st
+            # The stage's bytes, the file's links (a hard-linked file is staged too). Only
+            # a count above 1 is the file's: a commit's rename leaves the old inode, still
+            # open here, with none.
+            nlink = os.fstat(inode.fd).st_nlink
+            if nlink <= st.st_nlink:
+                return st
+            fields = list(st)
+            fields[stat.ST_NLINK] = nlink
+            return os.stat_result(fields, {k: getattr(st, k) for k in _STAT_EXTRA})
         if inode.fd >= 0:
             return os.fstat(inode.fd)
         if inode.removed is not None and not inode.paths:
@@ -425,38 +449,6 @@ class Operations(pyfuse3.Operations):
     def _event(self, ctx: Any, op: str, path: bytes, extra: dict[str, Any]) -> dict[str, Any]:
         ev = {"op": op, "path": fsdecode(path), "batch": None, **extra, **self._who(ctx)}
         return {k: v for k, v in ev.items() if v is not None}
-
-    @contextlib.contextmanager
-    def _journal(
-        self,
-        journaled: bool,
-        ctx: Any,
-        op: str,
-        path: bytes,
-        incoming: bytes | None = None,
-        **extra: Any,
-    ) -> Iterator[dict[str, Any]]:
-        """Journal a namespace operation around its syscall: announced before, confirmed
-        after, cancelled if it raised. The caller may set ``hash_fd`` in the yielded dict."""
-        if not journaled:
-            yield {}
-            return
-        item = self.ws.announce(self._event(ctx, op, path, extra), incoming)
-        late: dict[str, Any] = {}
-        try:
-            yield late
-        except BaseException:
-            self.ws.cancel(item)
-            raise
-        self.ws.confirm(item, late.get("hash_fd"))
-
-    def _path_made(self, path: bytes, ino: int, ctx: Any) -> None:
-        if self.files.read_at.get(path):  # (the writer is looked up only if needed)
-            self.files.path_made(path, ino, self._who(ctx)["pid"])
-
-    def _path_leaves(self, path: bytes, ctx: Any, now: Inode | None = None) -> None:
-        if self.files.read_at.get(path):
-            self.files.path_leaves(path, self._who(ctx)["pid"], now)
 
     # ---- lookup and attributes ----
 
@@ -604,8 +596,8 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
-        with self._journal(
-            self.files.journaled(path), ctx, "create", path, type=stat.filemode(mode)[0]
+        with self.ws.operation(
+            self.files.journaled(path), self._who(ctx), "create", path, type=stat.filemode(mode)[0]
         ):
             os.mknod(path, mode & ~ctx.umask, rdev, dir_fd=self.ws.root_fd)
         return self._new_entry(path, ctx)
@@ -623,7 +615,7 @@ class Operations(pyfuse3.Operations):
             return self._control_attr(child)
         path = self._parent_path(parent_inode, name)
         journaled = self.files.journaled(path, None, True)
-        with self._journal(journaled, ctx, "mkdir", path):
+        with self.ws.operation(journaled, self._who(ctx), "mkdir", path):
             os.mkdir(path, mode & ~ctx.umask, dir_fd=self.ws.root_fd)
         batch = self.batches.for_writer(self._who(ctx)) if journaled else None
         if batch is not None:
@@ -635,8 +627,8 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, target: bytes, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
-        with self._journal(
-            self.files.journaled(path), ctx, "symlink", path, target=fsdecode(target)
+        with self.ws.operation(
+            self.files.journaled(path), self._who(ctx), "symlink", path, target=fsdecode(target)
         ):
             os.symlink(target, path, dir_fd=self.ws.root_fd)
         return self._new_entry(path, ctx)
@@ -647,79 +639,12 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         src = self._inode(inode)
         path = self._parent_path(new_parent_inode, new_name)
-        if src.virtual or self.files.held(src) is not None or path in self.files.hidden:
-            # The tree does not hold what the mount shows at one of the two names (an
-            # open batch's draft, or its deletion): a link there would not link it.
-            raise pyfuse3.FUSEError(errno.EXDEV)
-        # The new name must reach the bytes every reader sees: commit an open stage (say,
-        # a truncate(2) while a descriptor is open) before linking the backing file. Again
-        # if a writer opened another meanwhile: once linked, the file is written in place,
-        # and a stage committed later would split the link.
-        while True:
-            before = src.stage
-            await self.files.commit(src, self._who(ctx), wait=True)
-            await self.files.settle(src)
-            if src.stage is None or src.stage is before or not src.paths:
-                break  # (a stage that stays is a batch's draft, or an unlinked file's)
-        if self.files.held(src) is not None:  # the commit went to an open batch
-            raise pyfuse3.FUSEError(errno.EXDEV)
-        with self._journal(
-            self.files.journaled(path), ctx, "link", path, source=fsdecode(src.path)
-        ):
-            os.link(
-                rel(src.path),
-                path,
-                src_dir_fd=self.ws.root_fd,
-                dst_dir_fd=self.ws.root_fd,
-                follow_symlinks=False,
-            )
+        await self.files.link(src, path, self._who(ctx))
         return self._new_entry(path, ctx)
 
     async def _remove(self, parent_inode: int, name: bytes, ctx: Any, is_dir: bool) -> None:
         path = self._parent_path(parent_inode, name)
-        virtual = self.files.virtual.get(path)
-        if virtual is not None:
-            if is_dir:
-                raise pyfuse3.FUSEError(errno.ENOTDIR)
-            await self.files.drop_virtual(virtual)
-            return
-        inode = self.inodes.by_path.get(path)
-        if not is_dir and await self.files.hide(path, inode, self._who(ctx)):
-            return
-        if inode is not None:
-            await self.files.settle(inode)
-        st = None
-        if is_dir:
-            # Kept for the kernel, which may still hold the directory (a shell's cwd).
-            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            with self._journal(self.files.journaled(path, None, True), ctx, "rmdir", path):
-                os.rmdir(path, dir_fd=self.ws.root_fd)
-        else:
-            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            self._path_leaves(path, ctx)
-            incoming = None
-            # One name of a hard-linked file: the other names keep its bytes (written in
-            # place, unjournaled), so the unlink is journaled but nothing is adopted —
-            # adopting would make a live, changing inode an object.
-            linked = stat.S_ISREG(st.st_mode) and st.st_nlink > 1
-            journaled = self.files.journaled(path, None if linked else st)
-            if journaled and stat.S_ISREG(st.st_mode) and not linked:
-                incoming = self.ws.objects.adopt(self.ws.root_fd, path)  # keep the bytes
-            try:
-                mode = stat.S_IMODE(st.st_mode)  # of the file removed: undo, restore use it
-                with self._journal(journaled, ctx, "unlink", path, incoming, mode=mode):
-                    os.unlink(path, dir_fd=self.ws.root_fd)
-                    faults.point("after_unlink")
-            except OSError:
-                if incoming is not None:
-                    os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
-                raise
-        gone = self.inodes.detach(path)
-        # Its backing inode number is free for reuse now (a directory has no other name).
-        if gone is not None and (is_dir or (st is not None and st.st_nlink == 1)):
-            self.inodes.orphan(gone)
-            if is_dir:
-                gone.removed = st
+        await self.files.remove(path, self._who(ctx), is_dir)
 
     @_guard()
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -749,93 +674,7 @@ class Operations(pyfuse3.Operations):
     ) -> None:
         src = self._parent_path(old_parent, old_name)
         dst = self._parent_path(new_parent, new_name)
-        if src in self.files.virtual or dst in self.files.virtual:
-            await self.files.rename_virtual(src, dst, flags, self._who(ctx))
-            return
-        if self.files.batch_rename(src, dst, self._who(ctx)):
-            # A rename in an open batch is a copy and a deletion (mv and most tools do
-            # that on EXDEV), both held by the batch.
-            raise pyfuse3.FUSEError(errno.EXDEV)
-        exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
-        # Nothing queued may be left at either name when the rename runs: a commit names
-        # its path, which the rename would make stale (a conflict, ESTALE to a writer
-        # waiting in fsync). Writers can queue more while this waits or gates: again.
-        while True:
-            for p in (src, dst):
-                await self.files.settle_below(p)
-            sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            try:
-                dst_st: os.stat_result | None = os.stat(
-                    dst, dir_fd=self.ws.root_fd, follow_symlinks=False
-                )
-            except FileNotFoundError:
-                dst_st = None
-            # A hard-linked file (as in _remove): its rename is journaled, its bytes are
-            # neither hashed nor adopted, since its other names change them in place.
-            linked = stat.S_ISREG(sst.st_mode) and sst.st_nlink > 1
-            dst_linked = dst_st is not None and stat.S_ISREG(dst_st.st_mode) and dst_st.st_nlink > 1
-            is_dir = stat.S_ISDIR(sst.st_mode)
-            journaled = self.files.journaled(
-                src, None if linked else sst, is_dir
-            ) or self.files.journaled(dst, None if dst_linked else dst_st, is_dir)
-            if (
-                journaled
-                and not flags
-                and dst_st is not None
-                and stat.S_ISREG(dst_st.st_mode)
-                and stat.S_ISREG(sst.st_mode)
-                and not (linked or dst_linked)
-            ):
-                await self.files.gate_rename(src, dst, self._who(ctx))
-            if not self.files.queued(src) and not self.files.queued(dst):
-                break
-        if journaled:
-            moved = None if exchange else self.inodes.by_path.get(src)
-            self._path_leaves(src, ctx)
-            if dst_st is not None:
-                self._path_leaves(dst, ctx, moved)
-        incoming = None
-        if (
-            journaled
-            and not exchange
-            and dst_st is not None
-            and stat.S_ISREG(dst_st.st_mode)
-            and not dst_linked
-        ):
-            incoming = self.ws.objects.adopt(self.ws.root_fd, dst)  # keep the replaced bytes
-        moved_fd = None
-        if journaled and stat.S_ISREG(sst.st_mode) and not linked:
-            moved_fd = os.open(
-                src,
-                os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                dir_fd=self.ws.root_fd,
-            )
-        try:
-            with self._journal(
-                journaled,
-                ctx,
-                "rename",
-                src,
-                incoming,
-                dest=fsdecode(dst),
-                exchange=exchange or None,
-            ) as late:
-                renameat2(self.ws.root_fd, src, self.ws.root_fd, dst, flags)
-                late["hash_fd"] = moved_fd
-        except OSError:
-            if incoming is not None:
-                os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
-            if moved_fd is not None:
-                os.close(moved_fd)
-            raise
-        if exchange:
-            self.inodes.exchange(src, dst)  # a directory's children move with it
-        else:
-            if dst_st is not None:
-                gone = self.inodes.detach(dst)
-                if gone is not None and dst_st.st_nlink == 1 and not stat.S_ISDIR(dst_st.st_mode):
-                    self.inodes.orphan(gone)
-            self.inodes.move(src, dst)
+        await self.files.rename(src, dst, flags, self._who(ctx))
 
     # ---- files ----
 
@@ -913,37 +752,18 @@ class Operations(pyfuse3.Operations):
             fi = await self.open(child.ino, flags, ctx)
             return fi, self._control_attr(child)
         path = self._parent_path(parent_inode, name)
-        batch = None
-        if self.files.journaled(path):
-            # A file an open batch deletes is the batch's, whoever makes it again.
-            held = self.batches.holding(path) if path in self.files.hidden else None
-            batch = held or self.batches.for_writer(self._who(ctx))
-        if (
-            batch is not None
-            and path not in self.files.virtual
-            and (path in self.files.hidden or not _exists(self.ws.root_fd, path))
-        ):
-            self.files.hidden.discard(path)
-            # A new file of an open batch: only a stage until the batch commits.
-            stage = await self.ws.empty_stage(mode & ~ctx.umask & 0o7777, ctx.uid, ctx.gid)
-            inode = self.inodes.add_virtual(path)
-            inode.stage = stage
-            inode.lookups += 1
-            self.files.virtual[path] = inode
-            attr = self._attr(inode.ino, self._stat(inode))
+        who = self._who(ctx)
+        made = mode & ~ctx.umask & 0o7777
+        virtual = await self.files.create_in_batch(path, made, who, (ctx.uid, ctx.gid))
+        if virtual is not None:
+            attr = self._attr(virtual.ino, self._stat(virtual))
             fi = await self.open(attr.st_ino, flags & ~(os.O_EXCL | os.O_TRUNC), ctx)
             return fi, attr
         how = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         created = False
         try:
-            made = mode & ~ctx.umask & 0o7777
-            with self._journal(
-                self.files.journaled(path),
-                ctx,
-                "create",
-                path,
-                intended=EMPTY_DIGEST,
-                mode=made,
+            with self.ws.operation(
+                self.files.journaled(path), who, "create", path, intended=EMPTY_DIGEST, mode=made
             ):
                 os.close(os.open(path, how, made, dir_fd=self.ws.root_fd))
             created = True
@@ -953,7 +773,7 @@ class Operations(pyfuse3.Operations):
             # Created by someone else since the kernel's lookup: open it, as open(2) would.
         attr = self._new_entry(path, ctx)
         if created:
-            self._path_made(path, attr.st_ino, ctx)
+            self.files.path_made_by(path, attr.st_ino, who)
         fi = await self.open(attr.st_ino, flags & ~os.O_EXCL, ctx)
         return fi, attr
 
@@ -1009,15 +829,15 @@ class Operations(pyfuse3.Operations):
     def _in_place(self, i: Inode) -> bool:
         """Whether the open file's bytes are changed in place (not journaled)."""
         st = os.fstat(i.fd)
-        if not i.paths:  # its names here are gone; another (a hard link) may share it
+        if not i.paths:  # its names here are gone, but a hard link no one looked up names it
             return st.st_nlink > 1
         return not self.files.journaled(i.path, st)
 
     async def _to_change(self, i: Inode) -> Stage | None:
         """The open stage a change to the file's bytes goes to; None: the file is changed
         in place, through its backing descriptor (opened for writing)."""
-        # Decided at each change, not at open: a file hard-linked since it was opened must
-        # be written in place, or the commit's rename would split the link.
+        # Decided at each change, not at open: a file may have grown past
+        # max_journaled_bytes since it was opened.
         if i.stage is None and not i.unlinked and self._in_place(i):
             self.files.open_backing(i, writable=True)
             return None

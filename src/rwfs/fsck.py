@@ -2,8 +2,8 @@
 
 Checks, each reported as one line of drift:
 - every path the journal last recorded with a digest holds those bytes (a path that was
-  never journaled, or that rwfs now writes in place — passthrough, hard-linked, larger
-  than ``max_journaled_bytes`` — is not checked: rwfs makes no claim about it);
+  never journaled, or that rwfs now writes unjournaled — passthrough, larger than
+  ``max_journaled_bytes`` — is not checked: rwfs makes no claim about it);
 - every path it recorded as deleted is absent;
 - no receipt is unsettled, no intent-log generation is unapplied and no intent record is
   held (else recovery is owed: mount once to run it), save an interrupted batch's owed writes, whose files must still
@@ -80,7 +80,7 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
             finally:
                 os.close(fd)
             if want is None:
-                continue  # deleted, then created again unjournaled (e.g. as a hard link)
+                continue  # deleted, then created again unjournaled
             if have != want:
                 problems.append(f"{os.fsdecode(path)}: journaled as {want} but holds {have}")
         objects = ObjectStore(state_fd)
@@ -120,12 +120,8 @@ def policy_of(state_fd: int) -> Policy:
 
 
 def _journaled(policy: Policy, path: bytes, st: os.stat_result) -> bool:
-    """Files rwfs now writes in place (passthrough, hard-linked, too large) are not checked."""
-    return (
-        not policy.is_passthrough(path)
-        and st.st_nlink == 1
-        and st.st_size <= policy.max_journaled_bytes
-    )
+    """Files rwfs writes unjournaled (passthrough, too large) are not checked."""
+    return not policy.is_passthrough(path) and st.st_size <= policy.max_journaled_bytes
 
 
 def main_fsck(root: str, state: str) -> int:

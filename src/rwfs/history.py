@@ -120,6 +120,10 @@ class History:
             self._add(path, ev, ev["intended"], ev.get("expected"), made)
         elif op in ("write", "resolve") and ev.get("intended"):
             self._add(path, ev, ev["intended"], ev.get("expected"))
+            for other in ev.get("links", ()):  # the file's other names, written with it
+                self._add(os.fsencode(other), ev, ev["intended"], ev.get("expected"))
+        elif op == "link" and ev.get("intended"):
+            self._add(path, ev, ev["intended"])  # a new name of a file, with its bytes
         elif op == "unlink":
             self._add(path, ev, None, ev.get("expected"))
         elif op == "rename":

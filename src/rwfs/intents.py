@@ -108,6 +108,18 @@ class IntentLog:
                 continue
         return out
 
+    def commits_after(self, applied: int) -> int:
+        """How many commit records the generations after ``applied`` hold: commits
+        acknowledged to their writers that the journal has not recorded, which the next
+        mount's recovery finishes (``rwfs umount`` and ``rwfs status`` report them)."""
+        return sum(
+            1
+            for gen in self.generations()
+            if gen > applied
+            for r in self.records(gen)
+            if isinstance(r, dict) and r.get("kind") == "commit"
+        )
+
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)

@@ -24,6 +24,7 @@ from . import faults, kernelflags
 from .batches import Batches
 from .control import write_state_file
 from .fs import Operations
+from .intents import IntentLog
 from .policy import DEFAULT_TEXT, Policy, PolicyError
 from .recovery import recover
 from .store import JournalUnavailable, Store
@@ -33,6 +34,9 @@ log = logging.getLogger("rwfs")
 
 STATE_MARK = b"rwfs-state"
 OUR_OPTIONS = {"show_control"}
+# How long ``rwfs umount`` retries a journal that cannot commit before it unmounts anyway
+# and reports the commits left to the next mount.
+UMOUNT_WAIT = 30.0
 
 
 class QuietError(Exception):
@@ -235,11 +239,43 @@ def spawn(workspace: str, mountpoint: str, options: list[str]) -> None:
         raise QuietError(f"the mount failed (daemon exit {code}); see the message above")
 
 
-def umount(mountpoint: str, timeout: float = 60.0) -> None:
+def umount(mountpoint: str, timeout: float = 60.0, wait: float = UMOUNT_WAIT) -> None:
+    """Unmount, and say so only once every acknowledged commit is in the journal.
+
+    First the queued commits are made durable (``sync``). While the journal cannot commit,
+    that is retried for ``wait`` seconds with a line of progress on stderr. Then the mount
+    goes, the daemon finishes (it tries a failing journal a few seconds more), and any
+    commit still in the intent log is reported: the next mount finishes it.
+    """
     mountpoint = os.path.realpath(mountpoint)
     if mountpoint not in rwfs_mounts():
         raise QuietError(f"{mountpoint} is not an rwfs mount")
-    pid = daemon_pid(mountpoint)
+    status = mount_status(mountpoint)
+    pid = int(status.get("pid", 0))
+    workspace = str(status.get("workspace", ""))
+    queued = status.get("journal", {}).get("queued_commits", 0)
+    if queued:
+        print(f"rwfs umount: making {queued} queued commits durable", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with open(os.path.join(mountpoint, ".rw", "ctl"), "w") as f:
+                f.write("sync\n")
+            break
+        except OSError as exc:
+            left = deadline - time.monotonic()
+            if exc.errno != errno.EIO or left <= 0:
+                break
+            j = mount_status(mountpoint).get("journal", {})
+            print(
+                f"rwfs umount: the journal cannot commit since {j.get('failing_since')} "
+                f"({j.get('last_error')}); {j.get('queued_commits', '?')} commits queued; "
+                f"retrying for {left:.0f}s more",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(min(1.0, left))
+    status = mount_status(mountpoint) or status  # for the message below, if commits are left
     res = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
     if res.returncode != 0:
         raise QuietError(f"unmounting {mountpoint} failed: {res.stderr.strip()}")
@@ -252,6 +288,54 @@ def umount(mountpoint: str, timeout: float = 60.0) -> None:
         raise QuietError(
             f"the daemon (pid {pid}) is still finishing its commits after {timeout:.0f}s"
         )
+    owed = owed_commits(workspace) if workspace else 0
+    if owed:
+        j = status.get("journal", {})
+        since = f" since {j['failing_since']}" if j.get("failing_since") else ""
+        raise QuietError(
+            f"{mountpoint} is unmounted, but {owed} acknowledged commits are not in the "
+            f"journal yet (it could not commit{since}); the intent log keeps them and the "
+            f"next 'rwfs mount {workspace}' finishes them. Free space on the filesystem "
+            f"that holds {workspace}/.rw/journal first."
+        )
+
+
+def owed_commits(workspace: str, applied: int | None = None) -> int:
+    """Commits in a workspace's intent log that its journal has not applied (for an
+    unmounted workspace: the next mount finishes them). ``applied``: the journal's
+    ``applied_gen``, from a caller that has the store open (LMDB must not be opened twice
+    in one process)."""
+    root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        state_fd = open_state(root_fd, create=False)
+    finally:
+        os.close(root_fd)
+    try:
+        if applied is None:
+            store = Store(f"/proc/self/fd/{state_fd}/journal", readonly=True)
+            try:
+                applied = store.meta_int(b"applied_gen")
+            finally:
+                store.close()
+        intents = IntentLog(state_fd)
+        try:
+            return intents.commits_after(applied)
+        finally:
+            intents.close()
+    finally:
+        os.close(state_fd)
+
+
+def mount_status(mountpoint: str) -> dict[str, Any]:
+    """The mount's ``.rw/status``, or {} if it cannot be read."""
+    import json
+
+    try:
+        with open(os.path.join(mountpoint, ".rw", "status"), "rb") as f:
+            got = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
 
 
 def daemon_pid(mountpoint: str) -> int:

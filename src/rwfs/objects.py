@@ -259,6 +259,23 @@ class ObjectStore:
         os.link(path, name, src_dir_fd=dir_fd, dst_dir_fd=self.incoming_fd, follow_symlinks=False)
         return name
 
+    def adopt_copy(self, dir_fd: int, path: bytes) -> bytes:
+        """``adopt`` for a hard-linked file, whose inode its other names go on changing in
+        place: a copy of its bytes goes into ``incoming/`` (blocking: a worker thread)."""
+        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        src = os.open(path, how, dir_fd=dir_fd)
+        name = unique_id().encode()
+        try:
+            out = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o400, dir_fd=self.incoming_fd)
+            try:
+                copy_fd(src, out)
+                os.fsync(out)
+            finally:
+                os.close(out)
+        finally:
+            os.close(src)
+        return name
+
     def settle_incoming(self, name: bytes) -> tuple[str, int] | None:
         """Hash an adopted inode and move it to its digest name; None if it is gone, or
         not a regular file (never opened: it holds no bytes to keep, and is removed)."""

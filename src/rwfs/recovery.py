@@ -323,6 +323,21 @@ def _settle(ws: Workspace, receipt: dict[str, Any]) -> str:
         result = {"committed": "performed", "landed": "committed"}.get(c.outcome, c.outcome)
         if c.outcome == "error":
             result = "pending"
+    elif (
+        receipt.get("in_place")
+        and st is not None
+        and stat.S_ISREG(st.st_mode)
+        and stage_fd is not None
+        and c.intended is not None
+        and _holds(stage_fd, c.intended)
+    ):
+        # A copy into a hard-linked file (workspace._write_in_place) that the crash cut
+        # short: the file holds neither digest, and the synced stage holds what the
+        # writer was told it wrote. Its old bytes were kept before the copy began.
+        c.info["kept"] = ws.objects.exists(receipt["expected"])
+        ws._write_in_place(c, st)
+        syncfs(ws.root_fd)
+        result = "performed"
     elif live == receipt["expected"] and not special:
         if stage_fd is not None:
             os.close(stage_fd)

@@ -57,6 +57,13 @@ SPARES_MAX = 512
 # allows 20,000) however fast files are written and however long the interval.
 QUEUE_URGENT = 512
 QUEUE_MAX = 2048
+# While the journal cannot commit, the committer tries again after a delay that starts here
+# and doubles up to RETRY_MAX (seconds); a sync, an fsync or an unmount tries at once.
+RETRY_MIN = 0.1
+RETRY_MAX = 3.2
+# At unmount, how long the daemon keeps trying a failing journal before it exits and leaves
+# the acknowledged commits to the intent log (the next mount finishes them).
+CLOSE_WAIT = 5.0
 
 
 def syncfs(fd: int) -> None:
@@ -112,6 +119,21 @@ def journal_unavailable(path: bytes, why: str) -> RwfsError:
         path=fsdecode(path),
         suggested_action="free disk space, then retry the write",
     )
+
+
+@dataclass
+class JournalState:
+    """Whether the journal commits, and since when it does not (``.rw/status``)."""
+
+    failing_since: str | None = None  # when the first of the failed attempts ran
+    last_error: str | None = None
+    last_failure: str | None = None  # when the latest failed attempt ran
+    failed_attempts: int = 0  # since failing_since
+    retry_in: float = RETRY_MIN  # the committer's delay before its next attempt
+
+    @property
+    def ok(self) -> bool:
+        return self.failing_since is None
 
 
 class Stats:
@@ -221,11 +243,26 @@ class Commit:
     lsn: int = 0
     batch: str | None = None  # an explicit batch's name (batches.py); None: a batch of one
     held: bool = False  # held by an open batch: not queued, the tree waits for its commit
+    # Other names the writer's inode is known by (hard links): where ``_write_in_place``
+    # looks first for the names a commit in place changes too.
+    aliases: tuple[bytes, ...] = ()
+    # The replace step ran (``outcome`` is decided) but the commit record could not be
+    # written: a retry of its group only records it.
+    replaced: bool = False
+    settled: bool = False  # ``Workspace.settle`` ran: the FUSE layer knows the outcome
+    failed: int = 0  # attempts of its group that failed (the journal could not commit)
+    wake: trio.Event = field(default_factory=trio.Event)  # set on durable, done or a failure
 
     def finish(self) -> None:
         """Settled and recorded: wake whoever waits for it, durable or done."""
         self.durable.set()
         self.done.set()
+        self.nudge()
+
+    def nudge(self) -> None:
+        """Wake whoever waits for this commit (``Workspace.submit``) to look at it again."""
+        woken, self.wake = self.wake, trio.Event()
+        woken.set()
 
 
 @dataclass(eq=False)
@@ -236,6 +273,7 @@ class Event:
     incoming: bytes | None = None  # removed bytes adopted into the object store
     hash_fd: int | None = None  # an open file whose digest becomes event["intended"]
     id: str = ""
+    settled: bool = False  # its digests are in ``event`` (``_settle_event_digests``)
 
 
 class Workspace:
@@ -253,6 +291,10 @@ class Workspace:
         self.intents: IntentLog | None = None
         # (st_dev, st_ino) -> (stat signature, digest): a file is rehashed only when changed.
         self._digests: dict[tuple[int, int], tuple[tuple[int, int, int], str]] = {}
+        # Hard links (other_names): each file's names last found, and the link count at
+        # which the whole tree was last walked for them.
+        self._links_seen: dict[tuple[int, int], set[bytes]] = {}
+        self._walked: dict[tuple[int, int], int] = {}
         self._queue: list[Commit | Event] = []
         self._has_work = trio.Event()
         self._urgent = trio.Event()
@@ -263,21 +305,90 @@ class Workspace:
         self._budget: dict[tuple[bytes, str], int] = {}  # retries left per (path, refused bytes)
         self._spares: collections.deque[bytes] = collections.deque()  # staging names (_spare)
         self.stats = Stats()
-        self.journal_ok = True
+        self.journal = JournalState()
+        # A group the journal could not take, tried again before anything newer, with the
+        # intent-log generations that hold its records: while it fails, no generation is
+        # added for it (nothing else of the queue is taken meanwhile).
+        self._retry: list[Commit | Event] = []
+        self._retry_gens: list[int] = []
         self.recovery_left: list[str] = []  # what recovery at this mount left unsettled
         self.on_committed: Callable[[Commit], None] = lambda c: None
         self.on_gone: Callable[[bytes], None] = lambda path: None  # rwfs removed a path
 
     def unsettled(self) -> list[Commit]:
-        """Commits sealed but not yet in the tree (queued, or in the group being applied)."""
-        return [c for c in (*self._inflight, *self._queue) if isinstance(c, Commit)]
+        """Commits sealed but not yet recorded (queued, in the group being applied, or in a
+        group the journal could not take)."""
+        return [c for c in (*self._inflight, *self._retry, *self._queue) if isinstance(c, Commit)]
 
     def is_queued(self, commit: Commit) -> bool:
-        return any(item is commit for item in self._queue)
+        return any(item is commit for item in (*self._retry, *self._queue))
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        """Items waiting for the journal: commits and namespace events."""
+        return len(self._queue) + len(self._retry)
+
+    @property
+    def journal_ok(self) -> bool:
+        return self.journal.ok
+
+    def owed_commits(self) -> int:
+        """Commits acknowledged or applied to the tree whose record is not in the journal."""
+        return sum(1 for c in self.unsettled() if not c.done.is_set())
+
+    def journal_status(self) -> dict[str, Any]:
+        """The journal's side of ``.rw/status``."""
+        j = self.journal
+        return {
+            "ok": j.ok,
+            "failing_since": j.failing_since,
+            "last_error": j.last_error,
+            "last_failure": j.last_failure,
+            "failed_attempts": j.failed_attempts,
+            "queued_commits": self.owed_commits(),
+            "next_retry_s": None if j.ok else j.retry_in,
+        }
+
+    def journal_refused(self, path: bytes) -> RwfsError:
+        """A new commit refused because the journal cannot commit (SPEC §7.2)."""
+        j, n = self.journal, self.owed_commits()
+        return RwfsError(
+            errno.EIO,
+            "journal_unavailable",
+            "journal",
+            f"The journal cannot commit since {j.failing_since} ({j.last_error}), so rwfs "
+            "refused this commit: nothing was written and the file keeps its previous "
+            f"bytes; {n} earlier commits are queued and rwfs keeps retrying them. Free space "
+            "on the filesystem that holds WORKSPACE/.rw/journal (or fix the device), wait "
+            "until .rw/status shows the journal ok, then write the file again.",
+            path=fsdecode(path),
+            suggested_action="free disk space for .rw/journal, then write the file again",
+            details={"failing_since": j.failing_since, "last_error": j.last_error, "queued": n},
+        )
+
+    def journal_queued(self, path: bytes) -> RwfsError:
+        """A writer that waits for durability (fsync, strict close, sync) of commits the
+        journal cannot take now: they stay queued and are not lost (SPEC §7.2)."""
+        j, n = self.journal, self.owed_commits()
+        what = (
+            "this file's commit is not durable yet: it stays queued (the intent log keeps "
+            "it), the mount shows its new bytes and the tree still holds the previous ones"
+            if path
+            else f"the {n} commits queued are not durable yet: they stay queued (the intent "
+            "log keeps them) and the mount shows their new bytes"
+        )
+        return RwfsError(
+            errno.EIO,
+            "journal_unavailable",
+            "journal",
+            f"The journal cannot commit since {j.failing_since} ({j.last_error}), so {what}; "
+            "rwfs commits them when the journal can write again, or the next mount does. "
+            "Free space on the filesystem that holds WORKSPACE/.rw/journal (or fix the "
+            "device), then fsync again or write sync to .rw/ctl to confirm.",
+            path=fsdecode(path),
+            suggested_action="free disk space for .rw/journal, then write sync to .rw/ctl",
+            details={"failing_since": j.failing_since, "last_error": j.last_error, "queued": n},
+        )
 
     def open_intents(self) -> None:
         """Start a fresh intent-log generation (after recovery has read the old ones)."""
@@ -321,6 +432,17 @@ class Workspace:
             return self.digest_of_fd(fd, st), st
         finally:
             os.close(fd)
+
+    async def keep_removed(self, path: bytes, st: os.stat_result) -> bytes:
+        """Keep the bytes of the file at ``path`` before an unlink or a rename removes
+        that name: its inode goes into ``objects/incoming`` (hashed with the group), or,
+        for a hard-linked file whose other names go on changing it in place, a copy made
+        in a worker thread. Returns the incoming name."""
+        if st.st_nlink == 1:
+            return self.objects.adopt(self.root_fd, path)
+        return await trio.to_thread.run_sync(
+            self.objects.adopt_copy, self.root_fd, rel(path), limiter=_LIMIT
+        )
 
     # ---- stages ----
 
@@ -529,14 +651,13 @@ class Workspace:
     def prime(self, path: bytes) -> None:
         """In a worker thread: parse a file the way its next commit will (see
         ``parsers.prime``), so that commit's syntax gate parses only around the edit."""
-        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # FIFOs: no wait
         try:
-            fd = os.open(rel(path), how, dir_fd=self.root_fd)
+            fd, _ = open_regular(self.root_fd, rel(path))  # never a FIFO's or a device's
         except OSError:
             return
+        if fd < 0:
+            return
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return
             data = os.pread(fd, gates.MAX_GATED_BYTES + 1, 0)
         finally:
             os.close(fd)
@@ -687,40 +808,57 @@ class Workspace:
             return await trio.to_thread.run_sync(self.digest_of_fd, dup, limiter=_LIMIT)
 
     async def submit(self, commit: Commit, wait: bool) -> Commit:
-        """Queue a sealed commit; in strict mode (or ``wait``) return once it is durable."""
-        if not self.journal_ok:
-            # The last group could not be journaled: try LMDB again before taking more.
+        """Queue a sealed commit; in strict mode (or ``wait``) return once it is durable.
+
+        While the journal cannot commit, a new commit is refused (EIO, nothing written):
+        the commits already acknowledged go first, and the writer is told at once rather
+        than after commits that cannot land. A writer that waits and whose group then
+        fails gets EIO too, and its commit is dropped (``_fail_group``)."""
+        if not self.journal.ok:
+            if self._retry:
+                raise self.journal_refused(commit.path)
+            # Nothing acknowledged is owed: see whether LMDB commits again.
             try:
                 await trio.to_thread.run_sync(self._probe_journal, limiter=_LIMIT)
-                self.journal_ok = True
             except Exception as exc:
-                raise journal_unavailable(commit.path, str(exc)) from None
+                self._failed_attempt(str(exc))
+                raise self.journal_refused(commit.path) from None
+            self._journal_back()
         while commit.owner is not None and len(self._queue) >= QUEUE_MAX:
             # A writer through the mount (rwfs's own commits may hold commit_lock here).
             self._urgent.set()
             await self._taken.wait()
-        assert self.intents is not None
-        self.intents.append(
-            {
-                "kind": "commit",
-                "id": commit.id,
-                "path": fsdecode(commit.path),
-                "stage": commit.stage.name.decode(),
-                "expected": commit.stage.expected,
-                "intended": commit.intended,
-                "size": commit.size,
-                "info": commit.info,
-            }
-        )
-        faults.point("after_seal")
         wait = wait or self.policy.durability == "strict"
         commit.info["wait"] = wait
+        if not wait:
+            # Acknowledged before it is durable: the intent log keeps it from a crash of
+            # the daemon. A writer that waits is answered only once it is durable (the
+            # receipt prepared), so it needs no record here: a crash before that leaves an
+            # orphan stage, and the writer never saw success.
+            assert self.intents is not None
+            self.intents.append(
+                {
+                    "kind": "commit",
+                    "id": commit.id,
+                    "path": fsdecode(commit.path),
+                    "stage": commit.stage.name.decode(),
+                    "expected": commit.stage.expected,
+                    "intended": commit.intended,
+                    "size": commit.size,
+                    "info": commit.info,
+                }
+            )
+        faults.point("after_seal")
         self._enqueue(commit)
         if wait:
             self._urgent.set()
             # rwfs's own writes (no owner: a verb, a resumed batch) wait for the record
             # and for the FUSE layer's view of them to be updated.
-            await (commit.durable if commit.owner is not None else commit.done).wait()
+            target = commit.durable if commit.owner is not None else commit.done
+            while not target.is_set():
+                if commit.failed:  # applied, but its record could not be written: queued
+                    raise self.journal_queued(commit.path)
+                await commit.wake.wait()
             if commit.error is not None:
                 raise commit.error
             if commit.outcome == "conflict":
@@ -747,6 +885,32 @@ class Workspace:
         }
         self.intents.append({**rec, "done": True} if done else rec)
         return item
+
+    @contextlib.contextmanager
+    def operation(
+        self,
+        journaled: bool,
+        who: dict[str, Any],
+        op: str,
+        path: bytes,
+        incoming: bytes | None = None,
+        **extra: Any,
+    ) -> Iterator[dict[str, Any]]:
+        """Journal a namespace operation around its syscall: announced before, confirmed
+        after, cancelled if it raised. The caller may set ``hash_fd`` in the yielded dict
+        (an open file whose digest becomes the event's ``intended``)."""
+        if not journaled:
+            yield {}
+            return
+        ev = {"op": op, "path": fsdecode(path), "batch": None, **extra, **who}
+        item = self.announce({k: v for k, v in ev.items() if v is not None}, incoming)
+        late: dict[str, Any] = {}
+        try:
+            yield late
+        except BaseException:
+            self.cancel(item)
+            raise
+        self.confirm(item, late.get("hash_fd"))
 
     def confirm(self, item: Event, hash_fd: int | None = None) -> None:
         """The announced operation succeeded: journal it."""
@@ -775,27 +939,95 @@ class Workspace:
     def _probe_journal(self) -> None:
         self.store.write(lambda txn: txn.set_meta_int(b"probe", 1))
 
+    def _failed_attempt(self, why: str) -> None:
+        j = self.journal
+        j.last_failure = now_iso()
+        j.last_error = why
+        j.failed_attempts += 1
+        if j.failing_since is None:
+            j.failing_since, j.retry_in = j.last_failure, RETRY_MIN
+            log.error("the journal cannot commit: %s (%d commits queued)", why, self.owed_commits())
+        else:
+            j.retry_in = min(j.retry_in * 2, RETRY_MAX)
+            if j.failed_attempts % 20 == 0:
+                log.error(
+                    "the journal still cannot commit after %d attempts since %s: %s",
+                    j.failed_attempts,
+                    j.failing_since,
+                    why,
+                )
+
+    def _journal_back(self) -> None:
+        j = self.journal
+        if j.failing_since is None:
+            return
+        log.warning(
+            "the journal commits again (it failed %d times since %s: %s)",
+            j.failed_attempts,
+            j.failing_since,
+            j.last_error,
+        )
+        self.journal = JournalState()
+
     async def sync(self) -> None:
-        """Make everything queued so far durable."""
+        """Make everything queued so far durable; EIO (``journal_queued``) if the journal
+        cannot: the queued commits stay queued."""
         self._urgent.set()
         await self.flush()
+        if not self.journal.ok and (self._retry or self._queue):
+            raise self.journal_queued(b"")
+
+    async def settle_commit(self, c: Commit) -> None:
+        """Wait until a queued commit is recorded; EIO (``journal_queued``) if the journal
+        cannot record it now (it stays queued)."""
+        if c.done.is_set():
+            return
+        self._urgent.set()
+        await self.flush()  # after a group in progress, if any: it holds commit_lock
+        if not c.done.is_set() and not self.journal.ok:
+            raise self.journal_queued(c.path)
+        await c.done.wait()
 
     # ---- the group committer ----
 
     async def run_committer(self) -> None:
         while True:
-            await self._has_work.wait()
-            if not self._closing:
-                with trio.move_on_after(self.policy.commit_interval_ms / 1000):
-                    await self._urgent.wait()
+            if not self.journal.ok:
+                # Try the failed group again (or probe LMDB) after a delay that doubles up
+                # to RETRY_MAX; a sync, an fsync or an unmount tries at once on its own.
+                await trio.sleep(self.journal.retry_in)
+            else:
+                await self._has_work.wait()
+                if not self._closing:
+                    with trio.move_on_after(self.policy.commit_interval_ms / 1000):
+                        await self._urgent.wait()
             await self.flush()
-            if self._closing and not self._queue:
+            if self._closing and not self._queue and not self._retry:
                 return
 
-    async def close(self) -> None:
+    async def close(self, wait: float = CLOSE_WAIT) -> int:
+        """Unmounted: flush the queue. While the journal fails, keep trying for ``wait``
+        seconds; returns how many acknowledged commits are still not journaled (the intent
+        log keeps them, and the next mount finishes them)."""
         self._closing = True
         self._has_work.set()
-        await self.flush()
+        with trio.move_on_after(wait):
+            while True:
+                await self.flush()
+                if self.journal.ok and not self._queue and not self._retry:
+                    break
+                await trio.sleep(self.journal.retry_in)
+        left = self.owed_commits()
+        if left:
+            log.error(
+                "%d acknowledged commits are not journaled at unmount (the journal cannot "
+                "commit since %s: %s); the intent log keeps them and the next mount "
+                "finishes them",
+                left,
+                self.journal.failing_since,
+                self.journal.last_error,
+            )
+        return left
 
     async def flush(self) -> None:
         async with self.commit_lock:
@@ -805,6 +1037,19 @@ class Workspace:
         """``flush`` for a caller that holds ``commit_lock`` (e.g. gc: nothing may be kept
         as an object between this flush and its collection without being journaled)."""
         self._urgent = trio.Event()
+        if not self.journal.ok:
+            # First what the journal could not take, in the generations that hold it.
+            if self._retry:
+                group, gens, self._retry, self._retry_gens = self._retry, self._retry_gens, [], []
+                if not await self._attempt(group, gens):
+                    return
+            else:
+                try:
+                    await trio.to_thread.run_sync(self._probe_journal, limiter=_LIMIT)
+                except Exception as exc:
+                    self._failed_attempt(str(exc))
+                    return
+                self._journal_back()
         if not self._queue:
             # Only a set event is replaced: the committer may be waiting on this one.
             if self._has_work.is_set():
@@ -814,36 +1059,52 @@ class Workspace:
         group, self._queue = self._queue, []
         self._taken.set()
         self._taken = trio.Event()
-        self._inflight = group
         self._has_work = trio.Event()
         assert self.intents is not None
-        gen = self.intents.rotate()
+        await self._attempt(group, [self.intents.rotate()])
+
+    async def _attempt(self, group: list[Commit | Event], gens: list[int]) -> bool:
+        """Apply one group whose records are in the intent-log generations ``gens``; True
+        if it is journaled. If not, it is kept for a retry (``_retry``), except the
+        writers that wait and whose commit nothing of was written (``_fail_group``)."""
+        self._inflight = group
         progress = {"prepared": False}
         started = time.perf_counter()
         try:
             await trio.to_thread.run_sync(
                 self._apply_group,
                 group,
-                gen,
+                gens,
                 progress,
                 trio.lowlevel.current_trio_token(),
                 limiter=_LIMIT,
             )
-            self.journal_ok = True
         except Exception as exc:  # LMDB or the disk failed: never let it stop the daemon
-            self.journal_ok = False
             self._inflight = []
-            log.error("group commit failed: %s", exc)
+            self._failed_attempt(str(exc))
+            log.info("group commit of %d items failed: %s", len(group), exc)
             if not progress["prepared"]:
-                self._fail_group(group, str(exc))  # nothing of the group was written
-                return
-            # Receipts are prepared and the tree may hold the group's changes; only the
-            # records are missing. Recovery settles the receipts at the next mount (live
-            # file = intended); the namespace events are recorded with the next group.
-            self._queue[:0] = [i for i in group if isinstance(i, Event)]
-            if self._queue:
-                self._has_work.set()
+                group = self._fail_group(group, str(exc))  # nothing of it was written
+            else:
+                # Receipts are prepared and the tree holds the group's changes; only the
+                # records are missing: the retry writes them. Meanwhile the FUSE layer
+                # takes the outcome (the stage is the live file now).
+                for item in group:
+                    if isinstance(item, Commit) and not item.settled:
+                        self.settle(item)
+            for item in group:
+                if isinstance(item, Commit):
+                    item.failed += 1
+                    item.nudge()
+            if group:
+                self._retry, self._retry_gens = group, gens
+            elif self.intents is not None:
+                for gen in gens:  # nothing of these generations is owed any more
+                    if gen != self.intents.gen:
+                        self.intents.drop(gen)
+            return False
         self._inflight = []
+        self._journal_back()
         self.stats.count("groups")
         self.stats.sample("group_commit", time.perf_counter() - started)
         for item in group:
@@ -852,15 +1113,18 @@ class Workspace:
                     self.stats.commit(item.path)
                 else:
                     self.stats.count(item.outcome)
-                self.settle(item)
+                if not item.settled:
+                    self.settle(item)
                 item.finish()
         for item in group:
             if isinstance(item, Commit) and item.spare is not None:
                 self._spare(item)
+        return True
 
-    def _fail_group(self, group: list[Commit | Event], why: str) -> None:
-        # Nothing of the group reached the tree. Writers waiting (strict, fsync) are told;
-        # commits whose writers were already answered stay queued and are retried.
+    def _fail_group(self, group: list[Commit | Event], why: str) -> list[Commit | Event]:
+        """Nothing of the group reached the tree or the journal. Writers waiting (strict,
+        fsync) are told, and their commit goes (they were never told it succeeded);
+        what was acknowledged is returned, to be retried."""
         retry: list[Commit | Event] = []
         for item in group:
             if isinstance(item, Commit) and item.info.get("wait"):
@@ -871,19 +1135,22 @@ class Workspace:
                 item.finish()
             else:
                 retry.append(item)
-        self._queue[:0] = retry
-        if retry:
-            self._has_work.set()
+        return retry
 
     def _apply_group(
         self,
         group: list[Commit | Event],
-        gen: int,
+        gens: list[int],
         progress: dict[str, bool],
         loop: trio.lowlevel.TrioToken,
     ) -> None:
-        """Make a group durable: stages synced, receipts, renames, commit records (thread)."""
-        commits = [c for c in group if isinstance(c, Commit)]
+        """Make a group durable: stages synced, receipts, renames, commit records (thread).
+
+        ``gens`` are the intent-log generations that hold the group's records (more than
+        one for a retried group), dropped once it is recorded. A retried group's commits
+        that were already replaced only get their records."""
+        gen = gens[-1]
+        commits = [c for c in group if isinstance(c, Commit) and not c.replaced]
         t = time.perf_counter()
         if commits:
             if len(commits) > 8:
@@ -893,6 +1160,8 @@ class Workspace:
                     os.fsync(c.stage.fd)
             faults.point("after_stage_sync")
             t = self._step("group.stage_sync", t)
+
+        linked = self.linked(commits)
 
         def prepare(txn: Any) -> None:
             for c in commits:
@@ -904,6 +1173,7 @@ class Workspace:
                         "intended": c.intended,
                         "stage": c.stage.name.decode(),
                         "intent": c.id,
+                        **({"in_place": True} if c.id in linked else {}),
                     }
                 )
                 c.info["receipt"] = rid
@@ -917,9 +1187,11 @@ class Workspace:
             faults.point("after_prepare")
         for c in commits:
             self._replace(c)
+            c.replaced = True
         for item in group:
-            if isinstance(item, Event):
+            if isinstance(item, Event) and not item.settled:
                 self._settle_event_digests(item)
+                item.settled = True
         # Each commit is durable now: after a crash its receipt is there, and the live
         # file holds the intended bytes, or the expected ones beside a synced stage that
         # recovery renames (SPEC §6.2). So a writer waiting in fsync is answered now,
@@ -945,7 +1217,8 @@ class Workspace:
         self._step("group.record", t)
         faults.point("after_commit_record")
         assert self.intents is not None
-        self.intents.drop(gen)
+        for g in gens:
+            self.intents.drop(g)
 
     def _step(self, name: str, since: float) -> float:
         """Sample the time a step of the group commit took (``.rw/stats``); returns now."""
@@ -983,11 +1256,14 @@ class Workspace:
                 c.info["actual"] = live
                 self._keep_intended(c)
                 return
+            # A hard-linked file is written in place, unless the commit stands for a rename
+            # onto the name (a batch's), which replaces the name as rename(2) would.
+            linked = st is not None and not c.info.get("replace") and self.hard_linked(st, live)
             if live is not None:
                 assert st is not None
                 if live == EMPTY_DIGEST and c.owner is not None and self.objects.exists(live):
                     c.spare = self._spare_link(c.path, st)
-                elif st.st_nlink > 1:
+                elif linked:
                     # Another name shares the inode and changes it in place: linked, the
                     # object would change with it. A copy is kept; if the bytes moved since
                     # the check, the commit is a conflict like any other.
@@ -1006,6 +1282,10 @@ class Workspace:
                     c.info["mode"] = stat.S_IMODE(st.st_mode)
                 os.unlink(rel(c.path), dir_fd=self.root_fd)
                 c.outcome = "committed"
+                return
+            if linked:
+                assert st is not None
+                self._write_in_place(c, st)
                 return
             # A plain filesystem leaves a directory's times alone when a file in it is
             # rewritten (and tar and cp -a set them after writing the files): the rename
@@ -1049,6 +1329,130 @@ class Workspace:
                 path=fsdecode(c.path),
             )
 
+    def linked(self, commits: list[Commit]) -> set[str]:
+        """The commits whose file is hard-linked now: ``_replace`` will write them in
+        place, and their receipts say so, for recovery."""
+        out = set()
+        for c in commits:
+            try:
+                st = os.stat(rel(c.path), dir_fd=self.root_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if (
+                stat.S_ISREG(st.st_mode)
+                and not c.info.get("replace")
+                and self.hard_linked(st, c.stage.expected)
+            ):
+                out.add(c.id)
+        return out
+
+    def hard_linked(self, st: os.stat_result, kept: str | None) -> bool:
+        """Whether other names share the file: not just the link rwfs made itself when it
+        kept the file's bytes as object ``kept`` (``_replace``; a crash before the rename
+        leaves it for recovery). An object is never changed in place."""
+        if st.st_nlink == 1:
+            return False
+        if st.st_nlink == 2 and kept is not None:
+            try:
+                fd = self.objects.open(kept)
+            except OSError:
+                return True
+            try:
+                obj = os.fstat(fd)
+            finally:
+                os.close(fd)
+            return (obj.st_dev, obj.st_ino) != (st.st_dev, st.st_ino)
+        return True
+
+    def _write_in_place(self, c: Commit, st: os.stat_result) -> None:
+        """Commit a hard-linked file: its other names must go on naming it, which a rename
+        of the stage over one name would undo, so the stage's bytes are copied into the
+        live inode. Not atomic, unlike a rename: the receipt says ``in_place`` and the
+        stage stays until the commit record, so recovery finishes a copy a crash cut
+        short (recovery.py). The names it changes besides ``c.path`` are journaled with
+        the write (``links``)."""
+        how = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(rel(c.path), how, dir_fd=self.root_fd)
+        try:
+            got = os.fstat(fd)
+            if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):
+                raise OSError(errno.ESTALE, "the file was replaced during the commit")
+            size = os.fstat(c.stage.fd).st_size
+            copy_range(c.stage.fd, fd, size)
+            faults.point("in_place_copied")
+            os.ftruncate(fd, size)
+            got = os.fstat(fd)
+        finally:
+            os.close(fd)
+        c.info["links"] = [fsdecode(p) for p in self.other_names(c.path, got, c.aliases)]
+        c.info["in_place"] = True
+        c.info["mode"] = stat.S_IMODE(got.st_mode)
+        self._remember(got, str(c.intended))
+        c.new_ino = got.st_ino
+        c.discard = True  # the live inode holds the bytes now: the stage goes
+        c.outcome = "committed"
+
+    def other_names(
+        self, path: bytes, st: os.stat_result, hints: tuple[bytes, ...] = ()
+    ) -> list[bytes]:
+        """The workspace's other names of the file at ``path`` (hard links): looked for in
+        the directories of ``path`` and of ``hints`` first, then, if the link count says
+        some are still missing, in the whole tree, once per file and link count (a name
+        outside the workspace is never found: the walk is not made again for it)."""
+        key, want = (st.st_dev, st.st_ino), st.st_nlink - 1
+        found = set(self._links_seen.get(key, ()))
+        for d in {p.rpartition(b"/")[0] for p in (path, *hints)}:
+            found |= self._scan(d, st)
+        found = {p for p in found if p != path and self._same(p, st)}
+        if len(found) < want and self._walked.get(key) != st.st_nlink:
+            found |= {p for p in self._walk(b"", st) if p != path}
+            self._walked[key] = st.st_nlink
+        self._links_seen[key] = found | {path}
+        if len(self._links_seen) > 10_000:
+            self._links_seen.clear()
+            self._walked.clear()
+        return sorted(found)
+
+    def _same(self, path: bytes, st: os.stat_result) -> bool:
+        try:
+            got = os.stat(rel(path), dir_fd=self.root_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return (got.st_dev, got.st_ino) == (st.st_dev, st.st_ino)
+
+    def _entries(self, d: bytes) -> list[tuple[bytes, os.DirEntry[str]]]:
+        """The entries of directory ``d`` of the tree, with their paths (none if it is
+        gone or not a directory)."""
+        try:
+            dfd = os.open(rel(d), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.root_fd)
+        except OSError:
+            return []
+        try:
+            with os.scandir(dfd) as it:
+                return [
+                    (d + b"/" + os.fsencode(e.name) if d else os.fsencode(e.name), e) for e in it
+                ]
+        finally:
+            os.close(dfd)
+
+    def _scan(self, d: bytes, st: os.stat_result) -> set[bytes]:
+        """The names in directory ``d`` of the file ``st`` (by the entries' inode numbers)."""
+        return {p for p, e in self._entries(d) if e.inode() == st.st_ino}
+
+    def _walk(self, top: bytes, st: os.stat_result) -> set[bytes]:
+        """``_scan`` of every directory below ``top`` (the state directory excepted)."""
+        found: set[bytes] = set()
+        todo = [top]
+        while todo:
+            for p, e in self._entries(todo.pop()):
+                if p == b".rw":
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    todo.append(p)
+                elif e.inode() == st.st_ino and self._same(p, st):
+                    found.add(p)
+        return found
+
     def _keep_copy(self, path: bytes) -> str:
         fd, _ = open_regular(self.root_fd, rel(path))
         if fd < 0:
@@ -1078,6 +1482,7 @@ class Workspace:
         """On the loop, once a commit is settled: drop the stage it left (``discard``), or
         close one that recovery still needs (an error: the receipt stays pending), then
         tell the FUSE layer (``on_committed``), in the same step."""
+        c.settled = True
         if c.discard:
             self.drop_stage(c.stage)
         elif c.outcome == "error" and c.stage.fd >= 0:
@@ -1086,9 +1491,26 @@ class Workspace:
         self.on_committed(c)
 
 
+def copy_range(src: int, dst: int, size: int) -> None:
+    """Copy the first ``size`` bytes of ``src`` over those of ``dst``, offset for offset."""
+    off = 0
+    while off < size:
+        try:
+            n = os.copy_file_range(src, dst, size - off, off, off)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            data = os.pread(src, min(size - off, 1 << 20), off)
+            n = os.pwrite(dst, data, off) if data else 0
+        if n == 0:
+            raise OSError(errno.EIO, "the stage is shorter than it was sealed")
+        off += n
+
+
 def _set_durable(commits: list[Commit]) -> None:
     for c in commits:
         c.durable.set()
+        c.nudge()
 
 
 def _signature(st: os.stat_result) -> tuple[int, int, int]:
@@ -1172,6 +1594,9 @@ def record_commit(txn: Any, c: Commit) -> None:
         ev["recovered"] = True
     if "mode" in c.info and c.outcome == "committed":
         ev["mode"] = c.info["mode"]
+    links = c.info.get("links") if c.outcome == "committed" else None
+    if links:
+        ev["links"] = links  # the file's other names, changed with it (in place)
     if c.outcome == "error":
         receipt["state"] = "pending"
         receipt["error"] = c.error.envelope["message"] if c.error else "error"
@@ -1198,7 +1623,9 @@ def record_commit(txn: Any, c: Commit) -> None:
     else:
         receipt["state"] = "committed"
         txn.set_path(c.path, c.intended, lsn)
-        if c.info.pop("kept", False):
+        for other in links or ():
+            txn.set_path(os.fsencode(other), c.intended, lsn)
+        if c.info.get("kept"):  # not popped: a retried record writes it again
             txn.add_object(c.stage.expected, 0, lsn)
         txn.bump("commits")
     txn.put_receipt(receipt)
@@ -1245,11 +1672,10 @@ def record_event(txn: Any, ev: dict[str, Any]) -> int:
                 txn.set_path(dest, ev["intended"], lsn)
     elif op == "create":
         txn.set_path(path, ev.get("intended"), lsn)
-    elif op == "link" and ev.get("source"):
-        # Two names of one file: it is written in place, unjournaled, while it has both
-        # (docs/architecture.md), so the index stops vouching for its bytes under the old
-        # name too, until a journaled commit of it after the other name is gone.
-        txn.set_path(os.fsencode(ev["source"]), None, lsn)
+    elif op == "link" and ev.get("intended"):
+        # A new name of a file: it holds the file's bytes (commits of it are in place and
+        # journal every name they change: ``links``).
+        txn.set_path(path, ev["intended"], lsn)
     if receipt is not None:
         receipt.update(state="committed", lsn=lsn, batch=ev["batch"])
         txn.put_receipt(receipt)
