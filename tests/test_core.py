@@ -271,6 +271,26 @@ def test_elision_placeholders_and_ordinary_comments() -> None:
     assert [line for line in NOT_ELIDED if _placeholder(line)] == []
 
 
+def test_gates_leave_explicit_truncation_and_binary_content_to_the_caller() -> None:
+    from rwfs.gates import check
+
+    cfg = Policy().gate
+    old = b"".join(b"line %d\n" % i for i in range(100))
+    elided = b"".join(old.splitlines(True)[:12]) + b"# ... rest of the file unchanged ...\n"
+    # The last change was a truncation to a length the caller chose: a deliberate cut.
+    assert check(b"a.txt", old, old[:200], cfg, cut=True) == []
+    assert check(b"a.txt", old, elided, cfg, cut=True) == []
+    # ... but the syntax of what was written is still judged.
+    py = b"def f():\n    return 1\n" * 30
+    assert [f.gate for f in check(b"m.py", py, py[:7], cfg, cut=True)] == ["syntax"]
+    # A binary file (a NUL in its old bytes) is not judged by text rules.
+    blob = bytes(range(256)) * 40
+    assert check(b"a.txt", blob, blob[:10], cfg) == []
+    assert check(b"a.txt", blob, elided, cfg) == []
+    # A text file turned binary (padded with NULs, say) is a text file broken.
+    assert [f.gate for f in check(b"data.json", b'{"a": 1}\n', b"\0\1 x", cfg)] == ["syntax"]
+
+
 def test_gates_on_bytes() -> None:
     from rwfs.gates import check
 

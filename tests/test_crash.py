@@ -20,7 +20,11 @@ from conftest import Mount, check_clean, prepare_state
 from rwfs.faults import POINTS
 from rwfs.policy import DEFAULT_TEXT
 
-COMMIT_POINTS = [p for p in POINTS if p != "after_unlink" and not p.startswith("batch_")]
+COMMIT_POINTS = [
+    p
+    for p in POINTS
+    if p not in ("after_unlink", "after_namespace_op") and not p.startswith("batch_")
+]
 
 
 def sha(data: bytes) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 import trio
 
 from . import faults
-from .objects import EMPTY_DIGEST
+from .objects import EMPTY_DIGEST, open_regular
 from .store import now_iso, plain_name
 from .workspace import (
     _LIMIT,
@@ -710,10 +710,13 @@ class Batches:
                     expected=c.stage.expected,
                     actual=live,
                 )
-            elif gates and live not in (None, c.intended) and c.stage.fd >= 0:
-                fd = os.open(c.path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
+            elif gates and live not in (None, c.intended) and c.stage.fd >= 0 and c.stage.written:
+                # (A draft nothing was written into holds explicit truncations: not judged.)
+                fd, _ = open_regular(self.ws.root_fd, c.path)
+                if fd < 0:  # swapped since the check: the replace step refuses it
+                    continue
                 try:
-                    findings = self.ws._run_gates(c.path, fd, c.stage.fd)
+                    findings = self.ws._run_gates(c.path, fd, c.stage.fd, c.stage.cut_last)
                 finally:
                     os.close(fd)
                 refused = [f for f in findings if f.action == "reject"]
@@ -757,11 +760,10 @@ class Batches:
 
     def _live_fd(self, path: bytes) -> int | None:
         try:
-            return os.open(
-                path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.ws.root_fd
-            )
+            fd, _ = open_regular(self.ws.root_fd, path)
         except OSError:
             return None
+        return fd if fd >= 0 else None
 
     def _finish(self, batch: Batch, commits: list[Commit]) -> None:
         for c in commits:
@@ -962,12 +964,15 @@ def _recover_committing(
     for r in receipts:
         path = os.fsencode(r["path"])
         try:
-            live, _ = ws.live_digest(path)
+            live, st = ws.live_digest(path)
         except OSError:
             summary["pending"] += 1
             unreadable += 1
             owed += 1
             continue
+        # A directory, symlink, FIFO, socket or device node there is not "absent" (a null
+        # digest): it holds neither version, so it is a conflict below.
+        special = st is not None and not stat.S_ISREG(st.st_mode)
         c = Commit(
             path,
             Stage(-1, b"", r["expected"]),
@@ -976,12 +981,12 @@ def _recover_committing(
             {"receipt": r["id"], "recovered": True},
             batch=batch.name,
         )
-        if live == r["intended"]:
+        if live == r["intended"] and not special:
             c.outcome = "landed"
             c.info["kept"] = bool(r["expected"]) and ws.objects.exists(r["expected"])
             settle.append(c)
             summary["committed"] += 1
-        elif live == r["expected"]:
+        elif live == r["expected"] and not special:
             owed += 1
         else:
             c.outcome, c.info["actual"] = "conflict", live

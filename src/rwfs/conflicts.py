@@ -75,7 +75,9 @@ def merged(ws: Workspace, info: dict[str, Any]) -> bytes:
         names = []
         for label, data in texts.items():
             name = os.path.join(tmp, label)
-            with open(name, "wb") as f:
+            # A named mode: the daemon runs with umask 0 (mount.py).
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with open(fd, "wb") as f:
                 f.write(data)
             names.append(name)
         try:

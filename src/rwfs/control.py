@@ -27,6 +27,7 @@ import trio
 from . import chunks, conflicts, gates, gc, handoff, parsers, scratch
 from .batches import modes_at
 from .history import History, Version
+from .objects import open_regular
 from .policy import Policy, PolicyError
 from .store import now_iso, plain_name
 from .workspace import RwfsError, Workspace
@@ -297,15 +298,11 @@ class Control:
         """The gates' diagnostics of a file as the mount shows it (``shown``: a descriptor
         of its stage or draft; -1: the tree's file), without writing (SPEC §5)."""
         try:
-            fd = (
-                os.dup(shown)
-                if shown >= 0
-                else os.open(
-                    path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.ws.root_fd
-                )
-            )
+            fd = os.dup(shown) if shown >= 0 else open_regular(self.ws.root_fd, path)[0]
         except OSError as exc:
             return {"error": exc.strerror, "path": os.fsdecode(path)}
+        if fd < 0:
+            return {"error": "not a regular file", "path": os.fsdecode(path)}
         try:
             data = os.pread(fd, gates.MAX_GATED_BYTES + 1, 0)
         finally:

@@ -21,6 +21,7 @@ POINTS = (
     "before_commit_record",  # every rename of the group done, commit records not written
     "after_commit_record",  # commit records durable, intent log not yet dropped
     "after_unlink",  # a journaled unlink reached the tree, its event not yet recorded
+    "after_namespace_op",  # any journaled namespace operation reached the tree, no "done" yet
     # An explicit batch's commit (batches.py):
     "batch_after_dry_run",  # every path checked, nothing prepared
     "batch_after_prepare",  # every receipt durable, nothing renamed

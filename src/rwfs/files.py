@@ -848,12 +848,20 @@ class Files:
         the bytes of the file a save by removal and re-creation removed (``_recreated``)."""
         # The gates judge the new bytes against what the mount showed: the tree's file,
         # or the draft of it an open batch holds. A new (empty) file has nothing a write
-        # could break: only the secrets gate has something to look at.
+        # could break: only the secrets gate has something to look at. They judge
+        # written text: a stage nothing was written into holds only truncations to
+        # lengths the caller chose (truncate(2), ftruncate(2)), a deliberate
+        # change, journaled and undoable like any other but never refused, so that the
+        # truncate that returned success is not undone at this commit point (SPEC §3.3a,
+        # §4.1). One whose last change is such a truncation is not judged by the
+        # truncation and elision gates (``Stage.cut_last``, ``gates.check``).
         gated = inode.path
         held_before = self.held(inode)
         shown, base_fd = self._shown(inode, held_before, stage)
-        gate = shown != EMPTY_DIGEST or self.ws.policy.gate("secrets", gated)["action"] != "off"
-        if removed is not None:  # judged against the file the save removed
+        gate = stage.written and (
+            shown != EMPTY_DIGEST or self.ws.policy.gate("secrets", gated)["action"] != "off"
+        )
+        if removed is not None and stage.written:  # judged against the file the save removed
             base_fd, gate = removed, True
         intended, size, findings = await self.ws.seal(stage, (gated, base_fd) if gate else None)
         if not inode.paths:  # unlinked during the seal
@@ -887,10 +895,10 @@ class Files:
             )
             self.ws.stats.count("noops")
             return
-        if path != gated or held is not held_before:
+        if stage.written and (path != gated or held is not held_before):
             # Renamed during the seal, or the batch ended meanwhile: gate it as what it
             # is now, against what the mount shows now.
-            findings = await self.ws.run_gates(path, base_fd, stage.fd)
+            findings = await self.ws.run_gates(path, base_fd, stage.fd, stage.cut_last)
         if any(f.action == "reject" for f in findings):
             # Refused: the draft is kept, the stage goes, the file reads as before.
             put_back = removed is not None and held is None and base_fd == removed

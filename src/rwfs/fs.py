@@ -532,7 +532,9 @@ class Operations(pyfuse3.Operations):
                 assert i.stage is not None
                 size = os.fstat(i.stage.fd).st_size
                 os.ftruncate(i.stage.fd, attr.st_size)
-                i.stage.wrote(min(size, attr.st_size), attr.st_size)
+                # A length the caller chose: an explicit truncation, not written text
+                # (the gates do not judge it as a cut-off write; files.py).
+                i.stage.cut(min(size, attr.st_size), attr.st_size)
                 h = self.handles.get(fh) if fh is not None else None
                 if isinstance(h, Handle):
                     h.dirty = True
@@ -579,10 +581,26 @@ class Operations(pyfuse3.Operations):
     # ---- namespace ----
 
     def _new_entry(self, path: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        """The entry the daemon just made for the caller, given the caller's owner (a root
+        daemon made it as root). Its set-user-ID and set-group-ID bits, which the chown
+        clears on anything but a directory, are put back: the caller asked for them (the
+        kernel already dropped a set-group-ID bit the caller may not have)."""
+        kw: dict[str, Any] = {"dir_fd": self.ws.root_fd, "follow_symlinks": False}
+        st = os.stat(path, **kw)
         if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (ctx.uid, ctx.gid):
-            os.chown(path, ctx.uid, ctx.gid, dir_fd=self.ws.root_fd, follow_symlinks=False)
-            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            gid = ctx.gid
+            if st.st_gid != ctx.gid:
+                # In a set-group-ID directory a new entry takes the directory's group, as
+                # the backing filesystem gave it (POSIX; ext4 without grpid).
+                parent = path.rpartition(b"/")[0] or b"."
+                if os.stat(parent, **kw).st_mode & stat.S_ISGID:
+                    gid = st.st_gid
+            if (st.st_uid, st.st_gid) != (ctx.uid, gid):
+                os.chown(path, ctx.uid, gid, **kw)
+                setid = stat.S_IMODE(st.st_mode) & (stat.S_ISUID | stat.S_ISGID)
+                if setid and not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+                    os.chmod(path, stat.S_IMODE(st.st_mode), dir_fd=self.ws.root_fd)
+                st = os.stat(path, **kw)
         inode = self.inodes.resolve(path, st)
         inode.lookups += 1
         return self._attr(inode.ino, st)
@@ -713,9 +731,16 @@ class Operations(pyfuse3.Operations):
                 if journaled:
                     await self.files.ensure_stage(i, truncate=True)
                     assert i.stage is not None
-                    if os.fstat(i.stage.fd).st_size:  # a stage other writers had filled
+                    st = os.fstat(i.stage.fd)
+                    if st.st_size:  # a stage other writers had filled
                         os.ftruncate(i.stage.fd, 0)
-                        i.stage.wrote(0, 0)
+                    # Emptying a file to rewrite it: the empty file is what the writer
+                    # wrote, judged like any write if nothing follows (cp /dev/null f),
+                    # unlike a truncate(2) to a length the caller chose (files.py).
+                    i.stage.wrote(0, 0)
+                    # open(2) marks mtime and ctime for update, as ftruncate(2) does; an
+                    # empty stage was not truncated (and a spare keeps its old times).
+                    os.utime(i.stage.fd, ns=(st.st_atime_ns, time.time_ns()))
                 else:
                     self.files.open_backing(i, writable=True)
                     os.ftruncate(i.fd, 0)

@@ -19,11 +19,10 @@ daemon's descriptors under /proc).
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from collections.abc import Callable
 
-from .objects import ObjectStore, digest_fd
+from .objects import ObjectStore, digest_fd, open_regular
 from .policy import Policy, PolicyError
 from .store import Store
 
@@ -65,16 +64,17 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
                 say(f"fsck: {n}/{len(paths)} paths")
             want = entry.get("digest")
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=root_fd)
+                fd, st = open_regular(root_fd, path)
             except FileNotFoundError:
                 if want is not None:
                     problems.append(f"{os.fsdecode(path)}: journaled as {want} but absent")
                 continue
             except OSError:
-                continue  # a symlink or special file now: not a journaled file's content
+                continue  # cannot be read: not a journaled file's content
+            if fd < 0:
+                continue  # a symlink or special file now (never opened): not checked
             try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or not _journaled(policy, path, st):
+                if not _journaled(policy, path, st):
                     continue
                 have, _ = digest_fd(fd)
             finally:
@@ -137,8 +137,10 @@ def main_fsck(root: str, state: str) -> int:
 
 def _digest_at(root_fd: int, path: str) -> str | None:
     try:
-        fd = os.open(os.fsencode(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=root_fd)
+        fd, _ = open_regular(root_fd, path)
     except OSError:
+        return None
+    if fd < 0:
         return None
     try:
         return digest_fd(fd)[0]

@@ -329,21 +329,46 @@ def secrets(new: bytes, cfg: dict[str, Any]) -> Finding | None:
 GATES = ("truncation", "elision", "syntax", "secrets")
 
 
+# The gates that read the bytes as lines of text (source code, config).
+TEXT_GATES = ("truncation", "elision", "syntax")
+
+
+def is_binary(data: bytes) -> bool:
+    """Binary content: it holds a NUL byte, which no text format has (git's rule, over
+    the whole content rather than its first 8,000 bytes)."""
+    return b"\0" in data
+
+
 def check(
-    path: bytes, old: bytes, new: bytes, config: Callable[[str, bytes], dict[str, Any]]
+    path: bytes,
+    old: bytes,
+    new: bytes,
+    config: Callable[[str, bytes], dict[str, Any]],
+    cut: bool = False,
 ) -> list[Finding]:
     """Every finding of every gate that is not ``off`` for ``path``, in gate order.
 
     ``config(gate, path)`` gives the gate's settings for this path (``action`` and its
     thresholds), after per-path overrides.
+
+    Gates judge written text. ``cut``: the new bytes' last change is a truncation to a
+    length the caller chose (truncate(2), ftruncate(2), O_TRUNC), a deliberate cut that
+    the truncation and elision gates do not judge. A binary file (its old bytes hold a
+    NUL) is never judged by the text gates: it has no lines or syntax to break. A text
+    file whose new bytes hold NULs (padded with zeros, binary written over source) is
+    still judged: that is a text file broken. The secrets gate's risk score, which has
+    a family of its own for binary blobs, looks at both.
     """
     if len(old) > MAX_GATED_BYTES or len(new) > MAX_GATED_BYTES:
         return []
+    binary = is_binary(old)
     out = []
     for gate in GATES:
         cfg = config(gate, path)
         if cfg["action"] == "off" or (not old and gate != "secrets"):
             continue  # a new file has nothing to break; it can still hold a secret
+        if (binary and gate in TEXT_GATES) or (cut and gate in ("truncation", "elision")):
+            continue
         if gate == "truncation":
             found = truncation(old, new, cfg)
         elif gate == "elision":

@@ -127,6 +127,13 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
         faults.arm()
     except ValueError as exc:
         raise QuietError(str(exc)) from None
+    # The caller's mode is honoured exactly (SPEC §3.3a): the kernel has already applied
+    # the caller's umask to the mode a create, mkdir or mknod request carries (the
+    # handlers mask with ctx.umask too, which changes nothing then), so the daemon's own
+    # umask must not apply on top of it; a daemon started under umask 077 would make every
+    # file 0600. Cleared before anything is created: every file and directory rwfs makes
+    # for itself names its mode (0700 directories, 0600 files, 0400 objects).
+    os.umask(0)
     workspace = os.path.realpath(workspace)
     mountpoint = os.path.realpath(mountpoint)
     if workspace in rwfs_mounts() or mountpoint in rwfs_mounts():

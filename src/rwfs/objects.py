@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import itertools
 import os
+import stat
 import threading
 from typing import Any
 
@@ -39,6 +40,35 @@ def unique_id() -> str:
     prefix per process and a counter. (uuid4 costs a getrandom() each; a new file takes
     several ids, some on the request path.)"""
     return f"{_prefix}{next(_counter):016x}"
+
+
+READ_REGULAR = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def open_regular(dir_fd: int, path: bytes | str) -> tuple[int, os.stat_result]:
+    """Open a file of the tree to read its bytes, if it is a regular file, and nothing
+    else: ``(descriptor, stat)``, or ``(-1, stat)`` for a directory, a symlink, a FIFO, a
+    socket or a device node, which is never opened (a device's open can act on the device,
+    a socket's fails with ENXIO, a FIFO's blocks or, nonblocking, makes a writer's open
+    succeed). FileNotFoundError when absent.
+
+    The type is read by ``lstat`` first; the open is nonblocking and does not follow a
+    symlink, and ``fstat`` checks the type again, for a file swapped in between."""
+    path = os.fsencode(path) or b"."
+    st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    if not stat.S_ISREG(st.st_mode):
+        return -1, st
+    try:
+        fd = os.open(path, READ_REGULAR, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.EISDIR):
+            raise
+        return -1, os.stat(path, dir_fd=dir_fd, follow_symlinks=False)  # swapped meanwhile
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return -1, st
+    return fd, st
 
 
 def digest_fd(fd: int) -> tuple[str, int]:
@@ -247,10 +277,14 @@ class ObjectStore:
         return name
 
     def settle_incoming(self, name: bytes) -> tuple[str, int] | None:
-        """Hash an adopted inode and move it to its digest name; None if it is gone."""
+        """Hash an adopted inode and move it to its digest name; None if it is gone, or
+        not a regular file (never opened: it holds no bytes to keep, and is removed)."""
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.incoming_fd)
+            fd, _ = open_regular(self.incoming_fd, name)
         except FileNotFoundError:
+            return None
+        if fd < 0:
+            os.unlink(name, dir_fd=self.incoming_fd)
             return None
         try:
             digest, size = digest_fd(fd)

@@ -301,7 +301,10 @@ def _settle(ws: Workspace, receipt: dict[str, Any]) -> str:
         receipt["expected"],
     )
     c = Commit(path, stage, receipt["intended"], receipt.get("size", 0), info)
-    if live == receipt["intended"]:
+    # A directory, symlink, FIFO, socket or device node (never opened) holds neither
+    # version, even where one of them is "absent" (a null digest): a conflict.
+    special = st is not None and not stat.S_ISREG(st.st_mode)
+    if live == receipt["intended"] and not special:
         c.outcome = "landed"
         c.info["kept"] = ws.objects.exists(receipt["expected"])
         if stage_fd is not None:
@@ -309,6 +312,7 @@ def _settle(ws: Workspace, receipt: dict[str, Any]) -> str:
         result = "committed"
     elif (
         live == receipt["expected"]
+        and not special
         and stage_fd is not None
         and c.intended is not None
         and _holds(stage_fd, c.intended)
@@ -334,7 +338,7 @@ def _settle(ws: Workspace, receipt: dict[str, Any]) -> str:
         ws._write_in_place(c, st)
         syncfs(ws.root_fd)
         result = "performed"
-    elif live == receipt["expected"]:
+    elif live == receipt["expected"] and not special:
         if stage_fd is not None:
             os.close(stage_fd)
         print(

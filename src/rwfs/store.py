@@ -333,10 +333,12 @@ class Store:
     """The journal environment. One per process, opened before the mount is served."""
 
     def __init__(self, path: str, map_size: int = 1 << 30, readonly: bool = False) -> None:
-        os.makedirs(path, exist_ok=True)
+        # Modes named: the daemon runs with umask 0 (mount.py).
+        os.makedirs(path, mode=0o700, exist_ok=True)
         self.path = path
         self.env = lmdb.open(
             path,
+            mode=0o600,
             map_size=map_size,
             max_dbs=len(_DBS) + 2,
             subdir=True,

@@ -27,7 +27,15 @@ import trio
 
 from . import faults, gates, parsers
 from .intents import IntentLog
-from .objects import EMPTY_DIGEST, ObjectStore, TrailingHash, copy_fd, digest_fd, unique_id
+from .objects import (
+    EMPTY_DIGEST,
+    ObjectStore,
+    TrailingHash,
+    copy_fd,
+    digest_fd,
+    open_regular,
+    unique_id,
+)
 from .policy import Policy
 from .store import JournalUnavailable, Store, now_iso
 
@@ -182,8 +190,28 @@ class Stage:
     sealed: bool = False
     trail: TrailingHash | None = None  # hashing it as it is written, once it is large
 
+    # What the gates judge (files.py, docs/gates.md): text written into the stage, not a
+    # truncation to a length the caller chose. ``written``: a write (or fallocate, or an
+    # O_TRUNC open: the empty file a rewrite starts from) reached this stage; ``cut``: its
+    # last change is an explicit truncation (truncate(2), ftruncate(2)), which a later
+    # write makes written text again.
+    written: bool = False
+    cut_last: bool = False
+
     def wrote(self, off: int, end: int) -> None:
-        """Bytes from ``off`` to ``end`` changed (a write, a truncation)."""
+        """Bytes from ``off`` to ``end`` were written (a write, a fallocate). The C
+        extension calls it for each write that goes straight into the stage."""
+        self.written = True
+        self.cut_last = False
+        self._changed(off, end)
+
+    def cut(self, off: int, end: int) -> None:
+        """The stage was truncated by the caller to ``end`` bytes (from ``off`` on, its
+        bytes changed)."""
+        self.cut_last = True
+        self._changed(off, end)
+
+    def _changed(self, off: int, end: int) -> None:
         if self.trail is not None:
             self.trail.wrote(off)
         elif end >= TRAIL_FROM:
@@ -393,21 +421,16 @@ class Workspace:
             self._digests.clear()
 
     def live_digest(self, path: bytes) -> tuple[str | None, os.stat_result | None]:
-        """(digest, stat) of the live file at ``path``; (None, None) when absent."""
+        """(digest, stat) of the live file at ``path``; (None, None) when absent, and
+        (None, stat) for anything but a regular file, which is not opened
+        (``objects.open_regular``)."""
         try:
-            fd = os.open(
-                rel(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.root_fd
-            )
+            fd, st = open_regular(self.root_fd, rel(path))
         except FileNotFoundError:
             return None, None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:  # a symlink now stands there
-                return None, os.stat(rel(path), dir_fd=self.root_fd, follow_symlinks=False)
-            raise
+        if fd < 0:
+            return None, st
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return None, st
             return self.digest_of_fd(fd, st), st
         finally:
             os.close(fd)
@@ -489,8 +512,9 @@ class Workspace:
     def _take_spare(self) -> tuple[int, bytes]:
         """(descriptor, name) of a spare, empty and with no xattrs left; (-1, b"") when there
         is none (worker thread: the deque is safe across threads). Its old times need no
-        reset: a stage is only made to be written or truncated, which sets its mtime, and
-        every commit reads it to hash it, which then sets its atime."""
+        reset: a stage is only made to be written or truncated, which sets its mtime (an
+        ``O_TRUNC`` open of an empty stage sets it itself: ``fs.open``), and every commit
+        reads it to hash it, which then sets its atime."""
         while True:
             try:
                 name = self._spares.popleft()
@@ -531,13 +555,14 @@ class Workspace:
         thread, or recovery."""
         if self.objects.exists(digest):
             return
-        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(rel(path), how, dir_fd=self.root_fd)
+            fd, _ = open_regular(self.root_fd, rel(path))
         except OSError:
             return
+        if fd < 0:
+            return
         try:
-            if stat.S_ISREG(os.fstat(fd).st_mode) and self.digest_of_fd(fd) == digest:
+            if self.digest_of_fd(fd) == digest:
                 self.objects.keep_fd_copy(fd, digest)
         finally:
             os.close(fd)
@@ -590,20 +615,27 @@ class Workspace:
                 self.stats.count("trailing_hashes")
             if gate is None or got[0] == stage.expected:
                 return (*got, [])
-            return (*got, self._run_gates(gate[0], base_fd, stage_fd))
+            return (*got, self._run_gates(gate[0], base_fd, stage_fd, stage.cut_last))
 
         with borrowed(stage.fd, gate[1] if gate is not None else -1) as (stage_fd, base_fd):
             return await trio.to_thread.run_sync(work, stage_fd, base_fd, limiter=_LIMIT)
 
     # ---- gates ----
 
-    async def run_gates(self, path: bytes, base_fd: int, new_fd: int) -> list[gates.Finding]:
+    async def run_gates(
+        self, path: bytes, base_fd: int, new_fd: int, cut: bool = False
+    ) -> list[gates.Finding]:
         """The gates' findings on new bytes (a sealed stage, a file renamed onto ``path``)
-        against the bytes they replace."""
+        against the bytes they replace. ``cut``: their last change is an explicit
+        truncation by the caller (``Stage.cut_last``; ``gates.check``)."""
         with borrowed(base_fd, new_fd) as (base, new):
-            return await trio.to_thread.run_sync(self._run_gates, path, base, new, limiter=_LIMIT)
+            return await trio.to_thread.run_sync(
+                self._run_gates, path, base, new, cut, limiter=_LIMIT
+            )
 
-    def _run_gates(self, path: bytes, base_fd: int, stage_fd: int) -> list[gates.Finding]:
+    def _run_gates(
+        self, path: bytes, base_fd: int, stage_fd: int, cut: bool = False
+    ) -> list[gates.Finding]:
         t = time.perf_counter()
         limit = gates.MAX_GATED_BYTES + 1
         if os.fstat(stage_fd).st_size >= limit or (
@@ -612,7 +644,7 @@ class Workspace:
             return []  # gates leave large files alone: no need to read them
         old = os.pread(base_fd, limit, 0) if base_fd >= 0 else b""  # -1: a new file
         new = os.pread(stage_fd, limit, 0)
-        findings = gates.check(path, old, new, self.policy.gate)
+        findings = gates.check(path, old, new, self.policy.gate, cut=cut)
         self.stats.sample("gates", time.perf_counter() - t)
         for f in findings:
             self.stats.count(f"gate.{f.gate}.{'refused' if f.action == 'reject' else 'warned'}")
@@ -621,14 +653,13 @@ class Workspace:
     def prime(self, path: bytes) -> None:
         """In a worker thread: parse a file the way its next commit will (see
         ``parsers.prime``), so that commit's syntax gate parses only around the edit."""
-        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # FIFOs: no wait
         try:
-            fd = os.open(rel(path), how, dir_fd=self.root_fd)
+            fd, _ = open_regular(self.root_fd, rel(path))  # never a FIFO's or a device's
         except OSError:
             return
+        if fd < 0:
+            return
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return
             data = os.pread(fd, gates.MAX_GATED_BYTES + 1, 0)
         finally:
             os.close(fd)
@@ -892,6 +923,7 @@ class Workspace:
     def confirm(self, item: Event, hash_fd: int | None = None) -> None:
         """The announced operation succeeded: journal it."""
         assert self.intents is not None
+        faults.point("after_namespace_op")
         self.intents.append({"kind": "done", "id": item.id})
         item.hash_fd = hash_fd
         self._enqueue(item)
@@ -1432,7 +1464,9 @@ class Workspace:
         return found
 
     def _keep_copy(self, path: bytes) -> str:
-        fd = os.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.root_fd)
+        fd, _ = open_regular(self.root_fd, rel(path))
+        if fd < 0:
+            raise OSError(errno.EPERM, "not a regular file", os.fsdecode(path))
         try:
             return self.objects.keep_fd_copy(fd)
         finally:
