@@ -108,7 +108,7 @@ def test_views_and_the_journal_show_every_acknowledged_write(mount: Mount) -> No
     """Read-your-writes (SPEC §5: control files are generated fresh): right after close(),
     with the group committer's interval not yet over."""
     rw = mount.path / ".rw"
-    (rw / "policy.toml").write_text('commit_interval_ms = 60000\n')
+    (rw / "policy.toml").write_text("commit_interval_ms = 60000\n")
     f = mount.path / "m.py"
     f.write_text("def f(:\n")  # a new file: never refused
     assert json.loads((rw / "validate" / "m.py").read_text())["valid"] is False
