@@ -575,3 +575,21 @@ def test_a_draft_replaced_by_a_rename_stays_readable_through_its_descriptor(
         assert (mp / "a.py").read_bytes() == A_UP
         assert ctl(m, "b1", "commit") == 0
         assert files_of(m.workspace) == {**BASE, "a.py": A_UP}
+
+
+def test_abort_shows_a_deleted_name_again_in_a_listing_cached_empty(tmp_path: Path) -> None:
+    """A directory listed while the batch deleted its only file lists nothing; after
+    ``abort`` the kernel must list it again (an empty cached listing has no page to drop:
+    ``.`` and ``..`` keep one there)."""
+    with batch_mount(tmp_path, {}) as m:
+        (m.path / "d").mkdir()
+        (m.path / "d" / "c.py").write_bytes(b"")
+        assert sorted(os.listdir(m.path / "d")) == ["c.py"]
+        os.mkdir(m.path / ".rw" / "batches" / "b")
+        ok(m.path, "sed -i s/a/A/ d/c.py && mv d/c.py a.py")
+        assert os.listdir(m.path / "d") == []  # cached by the kernel
+        assert ctl(m, "b", "abort") == 0
+        assert os.listdir(m.path / "d") == ["c.py"]
+        assert not (m.path / "a.py").exists()
+        listed = subprocess.run(["ls", "-a", "d"], cwd=m.path, capture_output=True, text=True)
+        assert listed.stdout.split() == [".", "..", "c.py"]

@@ -1018,7 +1018,7 @@ class Operations(pyfuse3.Operations):
             assert isinstance(node, CDir)
             if node.settle:
                 await self.ws.sync()
-            return self._fh(DirHandle(None, self.control.listing(node), node=node))
+            return self._fh(DirHandle(None, [b".", b"..", *self.control.listing(node)], node=node))
         i = self._inode(inode)
         # The kernel keeps the listing (CACHE_DIR) until the directory changes: through the
         # mount, or by rwfs itself (_tree_changed).
@@ -1047,7 +1047,7 @@ class Operations(pyfuse3.Operations):
             assert isinstance(node, CDir)
             if node.settle:
                 await self.ws.sync()
-            h = DirHandle(None, self.control.listing(node), node=node)
+            h = DirHandle(None, [b".", b"..", *self.control.listing(node)], node=node)
         else:
             h = self._dir_handle(self._inode(ino))
         self._listings[ino] = h
@@ -1087,9 +1087,17 @@ class Operations(pyfuse3.Operations):
         h = await self._dir(fh, start_id)
         if h.entries is None:
             assert h.inode is not None
-            h.entries = self._list(h.inode, h.fd)
+            h.entries = [b".", b"..", *self._list(h.inode, h.fd)]
         for idx in range(start_id, len(h.entries)):
             name = h.entries[idx]
+            if name in (b".", b".."):
+                # As every POSIX directory lists them (the kernel takes no lookup of them).
+                # They also keep a listing from being empty: the kernel cannot drop the
+                # cached listing of a directory that had no entries (KernelCache).
+                attr = self._dot_attr(h, name)
+                if attr is not None and not pyfuse3.readdir_reply(token, name, attr, idx + 1):
+                    return
+                continue
             if h.node is not None:
                 node = h.node.children.get(name)
                 if node is None:
@@ -1130,6 +1138,22 @@ class Operations(pyfuse3.Operations):
                 return
             inode.lookups += 1
         self._listed(kernelflags.dir_inode(fh))  # the whole listing went out
+
+    def _dot_attr(self, h: DirHandle, name: bytes) -> pyfuse3.EntryAttributes | None:
+        """The attributes ``.`` or ``..`` of a listing show: the directory's own, or its
+        parent's where the mount knows it."""
+        if h.node is not None:
+            return self._control_attr(h.node)
+        assert h.inode is not None
+        i = h.inode
+        if name == b".." and i.paths and i.ino != ROOT:
+            parent = self.inodes.by_path.get(i.path.rpartition(b"/")[0])
+            if parent is not None:
+                i = parent
+        try:
+            return self._attr(i.ino, self._stat(i))
+        except OSError:  # removed meanwhile: the listing's own descriptor still answers
+            return self._attr(i.ino, os.fstat(h.fd)) if h.fd >= 0 else None
 
     @_guard(quiet=True)
     async def releasedir(self, fh: int) -> None:
