@@ -126,3 +126,16 @@ def test_views_and_the_journal_show_every_acknowledged_write(mount: Mount) -> No
         assert (shown.get("valid"), shown.get("error")) == (False, None), shown
     finally:
         (rw / "batches" / "b" / "ctl").write_text("abort\n")
+
+
+def test_a_refused_rename_of_a_temporary_is_explained_under_both_names(mount: Mount) -> None:
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    res = subprocess.run(
+        ["sed", "-i", "s/^def /def (/", "decoder.py"], cwd=mount.path, capture_output=True
+    )
+    assert res.returncode != 0 and b"Bad message" in res.stderr, res
+    temp = res.stderr.decode().split("cannot rename ")[1].split(":")[0].removeprefix("./")
+    assert temp.startswith("sed") and f.read_text() == REAL
+    assert why(mount, temp) == why(mount, "decoder.py")
+    assert (why(mount, temp)["path"], why(mount, temp)["source"]) == ("decoder.py", temp)

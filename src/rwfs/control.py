@@ -407,10 +407,11 @@ class Control:
         """Show an error envelope at ``.rw/last-error`` and, for a file, ``.rw/why/<path>``."""
         env = self.last_error = {**exc.envelope, "at": now_iso()}  # each refusal its own
         path = env.get("path") or ""
-        if path and not path.startswith(".rw"):
-            body = _json(env)
-            self._put(self.why, path, lambda: body)
-            self._why_paths.add(path)
+        body = _json(env)
+        for name in (path, env.get("source") or ""):  # (source: a refused rename's)
+            if name and not name.startswith(".rw"):
+                self._put(self.why, name, lambda: body)
+                self._why_paths.add(name)
         if env.get("draft"):
             self._add_rejected(env["draft"].rsplit("/", 1)[-1], env["intended"])
 

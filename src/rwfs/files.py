@@ -811,7 +811,11 @@ class Files:
                 findings = await self.ws.run_gates(dst, old_fd, new_fd)
                 if any(f.action == "reject" for f in findings):
                     expected, intended = await self.ws.digest(old_fd), await self.ws.digest(new_fd)
-                    raise await self.ws.refuse(dst, new_fd, expected, intended, findings, who)
+                    err = await self.ws.refuse(dst, new_fd, expected, intended, findings, who)
+                    # The writer names its temporary (sed: "cannot rename sedX: Bad
+                    # message"): why/ has the envelope under that name too.
+                    err.envelope["source"] = fsdecode(src)
+                    raise err
             finally:
                 os.close(old_fd)
         finally:
