@@ -108,7 +108,7 @@ from typing import Any, Protocol
 from . import faults
 from .batches import Batches
 from .inodes import Inode, InodeTable
-from .objects import EMPTY_DIGEST
+from .objects import EMPTY_DIGEST, open_regular
 from .workspace import Commit, Stage, Workspace, borrowed, fsdecode, rel, renameat2
 
 # Stale writes: the (process, file) pairs remembered before all are forgotten, and the
@@ -120,22 +120,6 @@ GONE_MAX = 256
 # a save of that file (Files._recreated); at most REMOVED_MAX removals are remembered.
 RECREATE_S = 10.0
 REMOVED_MAX = 64
-
-
-def open_regular(root_fd: int, path: bytes) -> int | None:
-    """A descriptor of the regular file at ``path`` to read, or None (never a device's or
-    a FIFO's: opening one can block or act)."""
-    how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        if not stat.S_ISREG(os.stat(path, dir_fd=root_fd, follow_symlinks=False).st_mode):
-            return None
-        fd = os.open(path, how, dir_fd=root_fd)
-    except OSError:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
-        os.close(fd)
-        return None
-    return fd
 
 
 def _exists(root_fd: int, path: bytes) -> bool:
@@ -523,7 +507,10 @@ class Files:
             if journaled and stat.S_ISREG(st.st_mode):
                 incoming = await self.ws.keep_removed(path, st)  # keep the bytes
                 if st.st_size:  # for a save that makes the file again (_recreated)
-                    removed = open_regular(self.ws.root_fd, path)
+                    # (A regular file, by the stat above: no need to check before opening.)
+                    with contextlib.suppress(OSError):
+                        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+                        removed = os.open(path, how, dir_fd=self.ws.root_fd)
             try:
                 mode = stat.S_IMODE(st.st_mode)  # of the file removed: undo, restore use it
                 with self.ws.operation(journaled, who, "unlink", path, incoming, mode=mode):
@@ -653,12 +640,13 @@ class Files:
             raise _refused(errno.EXDEV)
         journaled = self.journaled(path)
         digest = None  # the new name's bytes, for its history and the path index
-        fd = open_regular(self.ws.root_fd, rel(src.path)) if journaled else None
-        if fd is not None:
-            try:
-                digest = await self.ws.digest(fd)
-            finally:
-                os.close(fd)
+        with contextlib.suppress(OSError):
+            fd = open_regular(self.ws.root_fd, rel(src.path))[0] if journaled else -1
+            if fd >= 0:
+                try:
+                    digest = await self.ws.digest(fd)
+                finally:
+                    os.close(fd)
         with self.ws.operation(
             journaled, who, "link", path, source=fsdecode(src.path), intended=digest
         ):
