@@ -593,3 +593,19 @@ def test_abort_shows_a_deleted_name_again_in_a_listing_cached_empty(tmp_path: Pa
         assert not (m.path / "a.py").exists()
         listed = subprocess.run(["ls", "-a", "d"], cwd=m.path, capture_output=True, text=True)
         assert listed.stdout.split() == [".", "..", "c.py"]
+
+
+def test_a_save_by_rename_onto_one_name_of_a_linked_draft_leaves_the_other_the_draft(
+    tmp_path: Path,
+) -> None:
+    with batch_mount(tmp_path, {"a.txt": b"one\n"}) as m:
+        os.link(m.path / "a.txt", m.path / "b.txt")
+        os.mkdir(m.path / ".rw" / "batches" / "b")
+        (m.path / "b.txt").write_bytes(b"two\n")  # the draft of the file both names are
+        assert (m.path / "a.txt").read_bytes() == b"two\n"
+        ok(m.path, "sed -i s/two/three/ a.txt")  # a.txt alone gets a new file
+        assert files_of(m.path) == {"a.txt": b"three\n", "b.txt": b"two\n"}
+        assert files_of(m.workspace) == {"a.txt": b"one\n", "b.txt": b"one\n"}
+        assert ctl(m, "b", "commit") == 0
+        assert files_of(m.workspace) == {"a.txt": b"three\n", "b.txt": b"two\n"}
+        assert os.stat(m.workspace / "a.txt").st_ino != os.stat(m.workspace / "b.txt").st_ino

@@ -213,13 +213,12 @@ class Features(RuleBasedStateMachine):
         # Inside a batch, rename() of a file is EXDEV: shutil.move copies, as mv does.
         shutil.move(self.p(src), self.p(dst))
         body = self.view[src]
-        group = self.group(src)
+        group = set(self.group(src))  # (a copy: replace() changes the model's groups)
         self.replace(src, None)
         self.replace(dst, body)
         if len(group) > 1:  # the name moved: dst is one of the file's names now
-            group.discard(src)
-            group.add(dst)
-            self.links = [g for g in self.links if g is not group] + [group]
+            others = group - {src}
+            self.links = [g for g in self.links if not g & others] + [others | {dst}]
 
     @rule(src=names, dst=names)
     def cp(self, src: str, dst: str) -> None:

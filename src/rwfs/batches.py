@@ -293,6 +293,17 @@ class Batches:
                 self.ws.drop_stage(replaced.stage)
                 self._settled(replaced, "replaced")
 
+    async def move_entry(self, batch: Batch, commit: Commit, path: bytes) -> None:
+        """A held draft of a hard-linked file now stands under another of its names (the
+        one it was held under is getting another file)."""
+        async with batch.lock:
+            entries = batch.record["entries"]
+            entries[fsdecode(path)] = entries.pop(fsdecode(commit.path))
+            del batch.held[commit.path]
+            commit.path = path
+            batch.held[path] = commit
+            await self._save(batch)
+
     async def hide(self, batch: Batch, path: bytes, base: str | None) -> None:
         """An unlink in the batch: the file goes when the batch commits (a deletion is a
         held commit with no bytes: ``intended`` None)."""
@@ -611,11 +622,14 @@ class Batches:
         for c in todo:
             if c.stage.fd < 0 and c.intended is not None and not self._materialize(c):
                 c.outcome = "pending"
-        # Deletions first: removing one name of a hard-linked file before another name's
-        # write in place leaves that write a file of one name, and the deletion sees the
-        # bytes it expects (a write in place first would change them under it).
+        # Deletions first, then the names that get a new file (``replace``), then the
+        # writes: removing or replacing one name of a hard-linked file before another
+        # name's write in place leaves that write a file of one name, and the deletion or
+        # the replacement sees the bytes it expects (a write in place first would change
+        # them under it).
         todo = sorted(
-            (c for c in todo if c.outcome != "pending"), key=lambda c: c.intended is not None
+            (c for c in todo if c.outcome != "pending"),
+            key=lambda c: (c.intended is not None, not c.info.get("replace")),
         )
         if len(todo) > 8:
             syncfs(ws.staging_fd)

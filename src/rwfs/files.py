@@ -743,6 +743,11 @@ class Files:
                 raise _refused(errno.EXDEV)  # the batch ended meanwhile
         batch = self.batches.all[str(held.batch)]
         src_base = held.stage.expected  # not None: src was a file of the tree, deleted
+        if old is not None and old_held is not None and len(old.paths) > 1:
+            # A hard-linked file's draft, held under dst: the file's other names keep it,
+            # and dst alone gets the new file.
+            await self.batches.move_entry(batch, old_held, min(old.paths - {dst}))
+            old_held = None
         if old is not None and old_held is not None:
             with self.letting_go(old, old_held):  # its open descriptors keep its draft
                 await self.batches.retarget(batch, held, dst, base)
