@@ -108,6 +108,19 @@ def open_state(workspace_fd: int, create: bool) -> int:
     return fd
 
 
+def _leave(mountpoint: str) -> None:
+    """Keep the daemon's own lookups off the mount: once it is mounted, a path under it
+    would call into the daemon itself and deadlock (SPEC §1 pitfalls). Its working
+    directory goes to ``/``; a first ``sys.path`` entry under the mount point (``python -m``
+    puts the working directory there) is dropped, else a module imported lazily later
+    would be looked up through the mount."""
+    inside = mountpoint.rstrip("/") + "/"
+    first = os.path.realpath(sys.path[0] or ".") if sys.path else ""
+    if first == mountpoint or first.startswith(inside):
+        del sys.path[0]
+    os.chdir("/")
+
+
 def load_policy(state_fd: int) -> Policy:
     try:
         fd = os.open(b"policy.toml", os.O_RDONLY, dir_fd=state_fd)
@@ -132,6 +145,7 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
     if workspace in rwfs_mounts() or mountpoint in rwfs_mounts():
         raise QuietError(f"{mountpoint} is already an rwfs mount; a second mount is refused")
     refuse_nesting(workspace, mountpoint)
+    _leave(mountpoint)
     root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
     state_fd = open_state(root_fd, create=True)
     lock_fd = os.open(b"lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=state_fd)
@@ -222,8 +236,11 @@ def spawn(workspace: str, mountpoint: str, options: list[str]) -> None:
     cmd = [sys.executable, "-m", "rwfs.cli", "mount", "--foreground", "--ready-fd", str(wfd)]
     for o in options:
         cmd += ["-o", o]
-    cmd += [workspace, mountpoint]
-    proc = subprocess.Popen(cmd, pass_fds=[wfd], start_new_session=True, stdin=subprocess.DEVNULL)
+    cmd += [os.path.abspath(workspace), os.path.abspath(mountpoint)]
+    # (cwd "/": the daemon must not resolve anything through its own mount, see _leave)
+    proc = subprocess.Popen(
+        cmd, pass_fds=[wfd], start_new_session=True, stdin=subprocess.DEVNULL, cwd="/"
+    )
     os.close(wfd)
     with os.fdopen(rfd, "rb") as r:
         answer = r.read(3)
