@@ -468,7 +468,8 @@ class Operations(pyfuse3.Operations):
             if len(self._procs) > 4096:
                 self._procs.clear()
             hit = self._procs[pid] = (tgid, comm)
-        return {"pid": hit[0], "comm": hit[1], "uid": ctx.uid}
+        # (the thread's own pid: its ancestry is read afresh, see sessions.py)
+        return {"pid": hit[0], "comm": hit[1], "uid": ctx.uid, **self.control.sessions.tag(pid)}
 
     def _event(self, ctx: Any, op: str, path: bytes, extra: dict[str, Any]) -> dict[str, Any]:
         ev = {"op": op, "path": fsdecode(path), "batch": None, **extra, **self._who(ctx)}

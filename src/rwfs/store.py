@@ -14,7 +14,10 @@ values are listed here, and this docstring is the canonical reference for them.
                  ``b"count:<name>"`` → u64 counters shown in ``.rw/status``.
 ``events``     — u64 LSN (big-endian) → JSON event (SPEC §7.1), append-only; every event
                  has ``lsn``, ``ts``, ``op``, ``path`` and the ``EVENT_KEYS`` (null where
-                 they do not apply).
+                 they do not apply). An event written by a process of an ``rwfs run``
+                 session also has ``session`` (its name, sessions.py); ``op: "session"``
+                 events (``path`` null, ``state`` ``begun`` or ``ended``, ``exit``) mark
+                 where a session begins and ends.
 ``receipts``   — u64 receipt id → JSON receipt ``{id, batch, path, expected, intended,
                  state, stage, lsn, ts}``; ``state`` is ``prepared``, ``committed``,
                  ``conflict``, ``pending`` or ``aborted`` (an owed write an abort or a

@@ -668,7 +668,7 @@ class Workspace:
                     "intended": intended,
                     "draft": draft_id,
                     "retry_budget": left,
-                    **{k: info[k] for k in ("pid", "comm", "uid") if k in info},
+                    **{k: info[k] for k in ("pid", "comm", "uid", "session") if k in info},
                 }
             )
         if left > 0:
@@ -725,7 +725,7 @@ class Workspace:
                 "intended": intended,
                 "actual": shown,
                 "reason": "stale_write",
-                **{k: info[k] for k in ("pid", "comm", "uid") if k in info},
+                **{k: info[k] for k in ("pid", "comm", "uid", "session") if k in info},
             }
             lsn = txn.append_event(ev)
             for digest in {intended, read, shown} if batch else {intended}:
@@ -1535,7 +1535,7 @@ def record_commit(txn: Any, c: Commit) -> None:
         "expected": c.stage.expected,
         "intended": c.intended,
         "size": c.size,
-        **{k: c.info[k] for k in ("pid", "comm", "uid") if k in c.info},
+        **{k: c.info[k] for k in ("pid", "comm", "uid", "session") if k in c.info},
     }
     if c.info.get("warnings"):
         ev["warnings"] = c.info["warnings"]
