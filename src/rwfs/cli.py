@@ -17,7 +17,7 @@ from . import kernelflags  # before pyfuse3 is imported: see kernelflags
 from .mount import (
     UMOUNT_WAIT,
     QuietError,
-    open_state,
+    locate,
     owed_commits,
     refuse_nesting,
     rwfs_mounts,
@@ -26,34 +26,7 @@ from .mount import (
     umount,
 )
 
-
-def _locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
-    """(raw tree, state dir, status-if-mounted) for a workspace or mount path."""
-    path = os.path.realpath(path)
-    if path in rwfs_mounts():
-        # Make every queued commit durable first, so the journal read below is current.
-        try:
-            with open(os.path.join(path, ".rw", "ctl"), "w") as f:
-                f.write("sync\n")
-        except OSError as exc:
-            # The journal cannot commit (EIO): what it holds is read as it is, and
-            # `status` says why (its `journal` entry).
-            print(
-                f"rwfs: the queued commits could not be made durable ({exc.strerror}); "
-                "see the journal entry of 'rwfs status'",
-                file=sys.stderr,
-            )
-        with open(os.path.join(path, ".rw", "status"), "rb") as f:
-            status = json.load(f)
-        pid = status["pid"]
-        # The daemon's own descriptors reach the raw tree under the mount.
-        return f"/proc/{pid}/fd/{status['root_fd']}", f"/proc/{pid}/fd/{status['state_fd']}", status
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.close(open_state(fd, create=False))
-    finally:
-        os.close(fd)
-    return path, os.path.join(path, ".rw"), None
+_locate = locate
 
 
 def cmd_mount(a: argparse.Namespace) -> int:
@@ -201,16 +174,35 @@ journaled, and a write that would break a file is refused. Its control directory
 """
 
 
+# Workspaces this command mounted for itself (unmounted again before it exits).
+_TEMPORARY: list[str] = []
+
+
 def _mount_of(path: str) -> str:
-    """The rwfs mount holding ``path`` (batches and conflicts live in a mounted ``.rw/``)."""
+    """The rwfs mount holding ``path`` (batches and conflicts live in a mounted ``.rw/``).
+    A workspace that is not mounted is mounted for the length of this command."""
+    from .run import find_workspace
+
     here = os.path.realpath(path)
     mounts = rwfs_mounts()
     while True:
         if here in mounts:
             return here
         if here == "/":
-            raise QuietError(f"{path} is not inside an rwfs mount: mount the workspace first")
+            break
         here = os.path.dirname(here)
+    ws, mount = find_workspace(path)
+    if mount is not None:
+        return mount
+    if not os.path.isfile(os.path.join(ws, ".rw", "rwfs-state")):
+        raise QuietError(
+            f"{path} is not in an rwfs workspace (no .rw/ above it): mount it first "
+            "(rwfs mount DIR, or rwfs run -- COMMAND)"
+        )
+    refuse_nesting(ws, ws)
+    spawn(ws, ws, [])
+    _TEMPORARY.append(ws)
+    return ws
 
 
 def _control(mount: str, *parts: str) -> str:
@@ -327,7 +319,7 @@ def cmd_undo(a: argparse.Namespace) -> int:
     mount = _mount_of(a.workspace)
     made = _made(mount, f"undo {a.batch}")
     how = f"the undo is batch {made}: undo it to redo" if made else "see 'rwfs batch status'"
-    print(f"rwfs: batch {a.batch} undone ({how})")
+    print(f"rwfs: {a.batch} undone ({how})")
     return 0
 
 
@@ -441,6 +433,11 @@ def parser() -> argparse.ArgumentParser:
         prog="rwfs", description="journaled atomic-commit filesystem for workspaces"
     )
     sub = p.add_subparsers(dest="verb", required=True)
+    sub.add_parser(
+        "run",
+        help="run COMMAND over the mounted workspace as one undoable session",
+        add_help=False,
+    )
     m = sub.add_parser("mount", help="mount rwfs over WORKSPACE (or at MOUNTPOINT)")
     m.add_argument("workspace")
     m.add_argument("mountpoint", nargs="?")
@@ -521,7 +518,14 @@ def main(args: list[str] | None = None) -> int:
     # would stop a strict stdout, the default in a UTF-8 locale other than C.UTF-8.
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="surrogateescape")
-    a = parser().parse_args(args)
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["run"]:
+        from .run import cmd_run, parse_run
+
+        a = parse_run(argv[1:])
+        a.fn = cmd_run
+    else:
+        a = parser().parse_args(argv)
     try:
         return int(a.fn(a))
     except QuietError as exc:
@@ -530,6 +534,12 @@ def main(args: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"rwfs: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
         return 1
+    finally:
+        while _TEMPORARY:
+            try:
+                umount(_TEMPORARY.pop())
+            except QuietError as exc:
+                print(f"rwfs: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

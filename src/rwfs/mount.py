@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -364,3 +365,32 @@ def _is_zombie(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
     except (OSError, IndexError):
         return True
+
+
+def locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
+    """(raw tree, state dir, status-if-mounted) for a workspace or mount path."""
+    path = os.path.realpath(path)
+    if path in rwfs_mounts():
+        # Make every queued commit durable first, so the journal read below is current.
+        try:
+            with open(os.path.join(path, ".rw", "ctl"), "w") as f:
+                f.write("sync\n")
+        except OSError as exc:
+            # The journal cannot commit (EIO): what it holds is read as it is, and
+            # `status` says why (its `journal` entry).
+            print(
+                f"rwfs: the queued commits could not be made durable ({exc.strerror}); "
+                "see the journal entry of 'rwfs status'",
+                file=sys.stderr,
+            )
+        with open(os.path.join(path, ".rw", "status"), "rb") as f:
+            status = json.load(f)
+        pid = status["pid"]
+        # The daemon's own descriptors reach the raw tree under the mount.
+        return f"/proc/{pid}/fd/{status['root_fd']}", f"/proc/{pid}/fd/{status['state_fd']}", status
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.close(open_state(fd, create=False))
+    finally:
+        os.close(fd)
+    return path, os.path.join(path, ".rw"), None

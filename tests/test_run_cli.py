@@ -1,0 +1,259 @@
+"""``rwfs run`` and the command line's manners, through real mounts.
+
+Each test drives the real console entry point in a subprocess. A workspace that
+``rwfs run`` (or a verb) mounts for itself must be unmounted again when it returns; the
+``loose`` fixture clears any mount a failing test leaves behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import RWFS, Mount, check_clean, rwfs_mounted
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def rwfs(
+    *args: str, cwd: Path | str | None = None, input: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*RWFS, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        input=input,
+        timeout=timeout,
+        env=ENV,
+    )
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[Path]:
+    """A small project (a git work tree's top: where ``rwfs run`` starts a workspace),
+    never mounted; any mount left on it is cleared afterwards."""
+    ws = tmp_path / "proj"
+    (ws / "src").mkdir(parents=True)
+    (ws / ".git").mkdir()
+    (ws / "src" / "app.py").write_text("x = 1\n")
+    (ws / "notes.txt").write_text("hello\n")
+    (ws / "old.txt").write_text("to be removed\n")
+    try:
+        yield ws
+    finally:
+        if rwfs_mounted(str(ws)):
+            subprocess.run(["fusermount3", "-u", "-z", str(ws)], capture_output=True)
+            raise AssertionError(f"{ws} was left mounted")
+
+
+SCRIPT = """
+set -u
+printf 'x = 2\\n' > app.py                        # an edit (cwd: src/)
+printf 'new\\n' > ../new.txt                      # a new file
+rm ../old.txt                                     # a deletion
+printf 'x = (\\n' > "$TMPBAD"
+cp "$TMPBAD" app.py || echo "cp refused" >&2       # a refusal: a syntax regression
+echo "session=$RWFS_SESSION control=$RWFS_CONTROL ws=$RWFS_WORKSPACE pwd=$(pwd)"
+exit 7
+"""
+
+
+def run_script(project: Path, tmp_path: Path, *opts: str) -> subprocess.CompletedProcess[str]:
+    bad = tmp_path / "bad.py"
+    return subprocess.run(
+        [*RWFS, "run", *opts, "--", "sh", "-c", SCRIPT],
+        cwd=project / "src",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**ENV, "TMPBAD": str(bad)},
+    )
+
+
+def test_run_edits_refuses_deletes_summary_undo(project: Path, tmp_path: Path) -> None:
+    res = run_script(project, tmp_path)
+    assert res.returncode == 7, res.stderr  # COMMAND's exit status
+    assert not rwfs_mounted(str(project))  # it mounted, so it unmounted
+    env = dict(w.split("=", 1) for w in res.stdout.split())
+    name = env["session"]
+    assert name.startswith("run-")
+    assert env["control"] == f"{project}/.rw"
+    assert env["ws"] == str(project)
+    assert env["pwd"] == f"{project}/src"  # the same relative place, inside the mount
+    err = res.stderr
+    assert "cp refused" in err
+    assert f"session {name} ended, exit status 7" in err
+    assert "changed 1 (src/app.py)" in err
+    assert "created 1 (new.txt)" in err
+    assert "deleted 1 (old.txt)" in err
+    assert "refused src/app.py: " in err and "does not parse" in err
+    assert "(draft: .rw/rejected/" in err
+    assert f"rwfs undo {name} -C {project}" in err
+    assert (project / "src" / "app.py").read_text() == "x = 2\n"
+    assert not (project / "old.txt").exists()
+
+    # The printed undo command puts the tree back, in one step (mounting for itself).
+    undo = rwfs("undo", name, "-C", str(project))
+    assert undo.returncode == 0, undo.stderr
+    assert not rwfs_mounted(str(project))
+    assert (project / "src" / "app.py").read_text() == "x = 1\n"
+    assert (project / "old.txt").read_text() == "to be removed\n"
+    assert not (project / "new.txt").exists()
+    # ... and the undo is undoable.
+    redo = rwfs("undo", f"undo-{name}", "-C", str(project))
+    assert redo.returncode == 0, redo.stderr
+    assert (project / "src" / "app.py").read_text() == "x = 2\n"
+    assert (project / "new.txt").exists() and not (project / "old.txt").exists()
+    fsck = rwfs("fsck", str(project))
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+
+
+def test_run_json_summary(project: Path, tmp_path: Path) -> None:
+    res = run_script(project, tmp_path, "--json")
+    assert res.returncode == 7, res.stderr
+    summary = json.loads(res.stderr.strip().splitlines()[-1])
+    assert summary["exit_status"] == 7
+    assert summary["changed"] == ["src/app.py"]
+    assert summary["created"] == ["new.txt"]
+    assert summary["deleted"] == ["old.txt"]
+    assert [r["path"] for r in summary["refusals"]] == ["src/app.py"]
+    assert summary["refusals"][0]["draft"].startswith(".rw/rejected/")
+    assert summary["mounted_by_run"] is True
+    assert summary["undo"].startswith(f"rwfs undo {summary['session']}")
+
+
+def test_run_in_mounted_workspace_leaves_it_mounted(project: Path) -> None:
+    m = Mount(project).start()
+    try:
+        res = rwfs("run", "--", "sh", "-c", "printf 'x = 3\\n' > app.py", cwd=project / "src")
+        assert res.returncode == 0, res.stderr
+        assert rwfs_mounted(str(project))  # it did not mount it, so it did not unmount it
+        assert "changed 1 (src/app.py)" in res.stderr
+        # Writes from outside the session are not the session's: undo leaves them.
+        (project / "notes.txt").write_text("outside\n")
+        name = res.stderr.split("session ", 1)[1].split()[0]
+        undo = rwfs("undo", name, cwd=project / "src")
+        assert undo.returncode == 0, undo.stderr
+        assert (project / "src" / "app.py").read_text() == "x = 1\n"
+        assert (project / "notes.txt").read_text() == "outside\n"
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_run_batch_holds_the_session(project: Path) -> None:
+    m = Mount(project).start()
+    try:
+        res = rwfs(
+            "run",
+            "--batch",
+            "agent1",
+            "--",
+            "sh",
+            "-c",
+            "printf 'x = 4\\n' > src/app.py; printf 'b\\n' > notes.txt; cat src/app.py",
+            cwd=project,
+        )
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == "x = 4\n"  # the mount shows the held bytes to the session
+        assert "batch agent1 is open, holding 2 files" in res.stderr
+        assert "rwfs batch commit agent1" in res.stderr
+        st = json.loads((project / ".rw" / "batches" / "agent1" / "status").read_text())
+        assert st["state"] == "open"
+        # Another process's writes are not captured by the session's batch.
+        (project / "old.txt").write_text("mine\n")
+        st = json.loads((project / ".rw" / "batches" / "agent1" / "status").read_text())
+        assert sorted(p["path"] for p in st["paths"]) == ["notes.txt", "src/app.py"]
+        status = json.loads((project / ".rw" / "status").read_text())
+        assert [b["name"] for b in status["open_batch"]] == ["agent1"]
+        assert status["open_batch"][0]["files"] == 2
+        done = rwfs("batch", "commit", "agent1", cwd=project)
+        assert done.returncode == 0, done.stderr
+    finally:
+        m.stop()
+    check_clean(m)
+    assert (project / "src" / "app.py").read_text() == "x = 4\n"
+
+
+def test_run_review_without_terminal_leaves_batch_open(project: Path) -> None:
+    res = rwfs("run", "--review", "--", "sh", "-c", "printf 'x = 5\\n' > src/app.py", cwd=project)
+    try:
+        assert res.returncode == 0, res.stderr
+        assert " src/app.py | +1 -1" in res.stderr  # the diff stat
+        assert "is open, holding 1 files" in res.stderr
+        # An open batch keeps the mount: the summary says so, and how to finish.
+        assert rwfs_mounted(str(project))
+        assert "stays mounted" in res.stderr
+        name = res.stderr.split("batch ", 1)[1].split()[0]
+        abort = rwfs("batch", "abort", name, cwd=project)
+        assert abort.returncode == 0, abort.stderr
+        assert (project / "src" / "app.py").read_text() == "x = 1\n"
+    finally:
+        out = rwfs("umount", str(project))
+        assert out.returncode == 0, out.stderr
+
+
+def test_run_passes_sigint_to_command(project: Path) -> None:
+    prog = (
+        "import signal, sys, time\n"
+        "def bye(*a):\n"
+        "    open('got-sigint', 'w').write('yes')\n"
+        "    sys.exit(42)\n"
+        "signal.signal(signal.SIGINT, bye)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(50)\n"
+    )
+    proc = subprocess.Popen(
+        [*RWFS, "run", "--", sys.executable, "-c", prog],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 42, err
+    assert (project / "got-sigint").read_text() == "yes"
+    assert "created 1 (got-sigint)" in err
+
+
+def test_run_usage_errors_exit_2(project: Path) -> None:
+    res = rwfs("run", cwd=project)
+    assert res.returncode == 2
+    assert "usage: rwfs run" in res.stderr
+    res = rwfs("run", "--batch", "b", "--review", "--", "true", cwd=project)
+    assert res.returncode == 2
+    assert not (project / ".rw").exists()  # nothing was made
+
+
+def test_run_command_not_found_is_127(project: Path) -> None:
+    res = rwfs("run", "--", "no-such-command-rwfs", cwd=project)
+    assert res.returncode == 127
+    assert "command not found" in res.stderr
+    assert not rwfs_mounted(str(project))
+
+
+def test_run_session_keeps_daemonized_descendants(project: Path) -> None:
+    # A grandchild in a new Linux session whose parent has exited (a daemon's double
+    # fork) still belongs to the run session: rwfs run is its subreaper.
+    script = (
+        "(setsid sh -c 'printf d > daemon.txt; printf 1 > done' &); "
+        "while [ ! -e done ]; do sleep 0.05; done"
+    )
+    res = rwfs("run", "--json", "--", "sh", "-c", script, cwd=project)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stderr.strip().splitlines()[-1])
+    assert summary["created"] == ["daemon.txt", "done"]
+    undo = rwfs("undo", summary["session"], "-C", str(project))
+    assert undo.returncode == 0, undo.stderr
+    assert not (project / "daemon.txt").exists() and not (project / "done").exists()
