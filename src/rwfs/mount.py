@@ -35,6 +35,19 @@ log = logging.getLogger("rwfs")
 
 STATE_MARK = b"rwfs-state"
 OUR_OPTIONS = {"show_control"}
+# Mount options libfuse 3 and the kernel know (mount.fuse3(8), fuse(8)): an option not
+# among them is named when a mount fails.
+FUSE_OPTIONS = {
+    "allow_other", "allow_root", "auto_unmount", "default_permissions", "fsname",
+    "subtype", "max_read", "blkdev", "blksize", "ro", "rw", "nosuid", "suid", "nodev",
+    "dev", "noexec", "exec", "noatime", "atime", "relatime", "norelatime", "strictatime",
+    "nostrictatime", "sync", "async", "dirsync", "context", "fscontext", "defcontext",
+    "rootcontext", "debug", "kernel_cache", "auto_cache", "noauto_cache", "umask", "uid",
+    "gid", "entry_timeout", "negative_timeout", "attr_timeout", "ac_attr_timeout",
+    "noforget", "remember", "modules", "max_write", "max_readahead", "async_read",
+    "sync_read", "writeback_cache", "no_writeback_cache", "clone_fd", "max_idle_threads",
+    "max_threads", "nonempty", "lazytime", "nolazytime",
+}  # fmt: skip
 # How long ``rwfs umount`` retries a journal that cannot commit before it unmounts anyway
 # and reports the commits left to the next mount.
 UMOUNT_WAIT = 30.0
@@ -143,11 +156,17 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
         raise QuietError(str(exc)) from None
     workspace = os.path.realpath(workspace)
     mountpoint = os.path.realpath(mountpoint)
-    if workspace in rwfs_mounts() or mountpoint in rwfs_mounts():
-        raise QuietError(f"{mountpoint} is already an rwfs mount; a second mount is refused")
+    for point in {workspace, mountpoint} & set(rwfs_mounts()):
+        if dead(point):
+            raise QuietError(
+                f"{point} is a dead rwfs mount: its daemon is gone. Clear it with "
+                f"'rwfs umount {point}', then mount again"
+            )
+        raise QuietError(f"{point} is already an rwfs mount; a second mount is refused")
     refuse_nesting(workspace, mountpoint)
     _leave(mountpoint)
     root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    fresh = not os.path.lexists(os.path.join(workspace, ".rw"))
     state_fd = open_state(root_fd, create=True)
     lock_fd = os.open(b"lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=state_fd)
     try:
@@ -189,6 +208,17 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
     try:
         pyfuse3.init(ops, mountpoint, fuse_opts)
     except RuntimeError as exc:
+        store.close()
+        if fresh:  # a failed first mount leaves nothing behind
+            import shutil
+
+            shutil.rmtree(os.path.join(workspace, ".rw"), ignore_errors=True)
+        unknown = sorted(o for o in options - OUR_OPTIONS if o.split("=")[0] not in FUSE_OPTIONS)
+        if unknown:
+            raise QuietError(
+                f"mounting {mountpoint} failed: FUSE does not know the mount option(s) "
+                f"{', '.join(unknown)}; nothing was mounted"
+            ) from None
         raise QuietError(f"mounting {mountpoint} failed: {exc} (try 'rwfs doctor')") from None
     if ready_fd is not None:
         os.write(ready_fd, b"ok\n")
@@ -250,7 +280,63 @@ def spawn(workspace: str, mountpoint: str, options: list[str]) -> None:
         raise QuietError(f"the mount failed (daemon exit {code}); see the message above")
 
 
-def umount(mountpoint: str, timeout: float = 60.0, wait: float = UMOUNT_WAIT) -> None:
+def dead(point: str) -> bool:
+    """Is this mount's daemon gone (ENOTCONN)?"""
+    try:
+        os.stat(point)
+    except OSError as exc:
+        return exc.errno == errno.ENOTCONN
+    return False
+
+
+def holders(point: str, daemon: int = 0) -> list[str]:
+    """The processes using a mount (``fuser -m``): "PID (COMM): how" for each one whose
+    working directory, root or an open file is on it."""
+    try:
+        dev = os.stat(point).st_dev
+    except OSError:
+        return []
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (os.getpid(), daemon):
+            continue
+        how = []
+        for what, link in (("cwd", "cwd"), ("root", "root")):
+            try:
+                if os.stat(f"/proc/{name}/{link}").st_dev == dev:
+                    how.append(
+                        f"its working directory {os.readlink(f'/proc/{name}/{link}')}"
+                        if what == "cwd"
+                        else "its root"
+                    )
+            except OSError:
+                pass
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            fds = []
+        opened = 0
+        for fd in fds:
+            try:
+                if os.stat(f"/proc/{name}/fd/{fd}").st_dev == dev:
+                    opened += 1
+            except OSError:
+                pass
+        if opened:
+            how.append(f"{opened} open file(s)")
+        if how:
+            try:
+                with open(f"/proc/{name}/comm") as f:
+                    comm = f.read().strip()
+            except OSError:
+                comm = "?"
+            found.append(f"{name} ({comm}): {', '.join(how)}")
+    return found
+
+
+def umount(
+    mountpoint: str, timeout: float = 60.0, wait: float = UMOUNT_WAIT, lazy: bool = False
+) -> None:
     """Unmount, and say so only once every acknowledged commit is in the journal.
 
     First the queued commits are made durable (``sync``). While the journal cannot commit,
@@ -261,6 +347,14 @@ def umount(mountpoint: str, timeout: float = 60.0, wait: float = UMOUNT_WAIT) ->
     mountpoint = os.path.realpath(mountpoint)
     if mountpoint not in rwfs_mounts():
         raise QuietError(f"{mountpoint} is not an rwfs mount")
+    if dead(mountpoint):  # nothing to wait for: clear it
+        res = subprocess.run(
+            ["fusermount3", "-u", "-z", mountpoint], capture_output=True, text=True
+        )
+        if res.returncode != 0:
+            raise QuietError(f"clearing the dead mount {mountpoint} failed: {res.stderr.strip()}")
+        print(f"rwfs: cleared {mountpoint}, a mount whose daemon was gone", file=sys.stderr)
+        return
     status = mount_status(mountpoint)
     pid = int(status.get("pid", 0))
     workspace = str(status.get("workspace", ""))
@@ -287,9 +381,26 @@ def umount(mountpoint: str, timeout: float = 60.0, wait: float = UMOUNT_WAIT) ->
             )
             time.sleep(min(1.0, left))
     status = mount_status(mountpoint) or status  # for the message below, if commits are left
-    res = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
+    busy = holders(mountpoint, pid) if lazy else []
+    cmd = ["fusermount3", "-u", *(["-z"] if lazy else []), mountpoint]
+    res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
+        if "busy" in res.stderr:
+            held = holders(mountpoint, pid)
+            by = "; ".join(held) if held else "processes this user cannot see"
+            raise QuietError(
+                f"{mountpoint} is busy, so it stays mounted: in use by {by}. Leave it "
+                "(cd elsewhere) or close those files, or detach it now with "
+                f"'rwfs umount --lazy {mountpoint}' (the daemon finishes when they leave)"
+            )
         raise QuietError(f"unmounting {mountpoint} failed: {res.stderr.strip()}")
+    if busy:
+        print(
+            f"rwfs: {mountpoint} is detached; its daemon finishes its commits once these "
+            f"leave it: {'; '.join(busy)}",
+            file=sys.stderr,
+        )
+        return
     deadline = time.monotonic() + timeout
     while pid and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         if _is_zombie(pid):
@@ -370,6 +481,11 @@ def _is_zombie(pid: int) -> bool:
 def locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
     """(raw tree, state dir, status-if-mounted) for a workspace or mount path."""
     path = os.path.realpath(path)
+    if path in rwfs_mounts() and dead(path):
+        raise QuietError(
+            f"{path} is a dead rwfs mount: its daemon is gone. Clear it with "
+            f"'rwfs umount {path}' (then mount again)"
+        )
     if path in rwfs_mounts():
         # Make every queued commit durable first, so the journal read below is current.
         try:
