@@ -257,3 +257,186 @@ def test_run_session_keeps_daemonized_descendants(project: Path) -> None:
     undo = rwfs("undo", summary["session"], "-C", str(project))
     assert undo.returncode == 0, undo.stderr
     assert not (project / "daemon.txt").exists() and not (project / "done").exists()
+
+
+# ---- the command line's manners (issue 17, item 3) ----
+
+
+def test_verbs_find_the_workspace_from_a_subdirectory(project: Path) -> None:
+    m = Mount(project).start()
+    try:
+        sub = project / "src"
+        (sub / "app.py").write_text("x = 9\n")
+        st = rwfs("status", "--json", cwd=sub)
+        assert st.returncode == 0, st.stderr
+        assert json.loads(st.stdout)["mounted"] is True
+        # PATH is relative to the cwd; the journal names it from the workspace's top.
+        log = rwfs("log", "--json", "app.py", cwd=sub)
+        assert log.returncode == 0, log.stderr
+        assert [json.loads(ln)["path"] for ln in log.stdout.splitlines()] == ["src/app.py"]
+        assert rwfs("fsck", cwd=sub).returncode == 0
+        assert rwfs("fsck", "-C", str(sub)).returncode == 0  # -C on every verb
+        none = rwfs("log", "nosuchfile", cwd=sub)
+        assert none.returncode == 0 and "no journal events for src/nosuchfile" in none.stderr
+    finally:
+        m.stop()
+    check_clean(m)
+    st = rwfs("status", "--json", cwd=project / "src")  # unmounted, still found
+    assert st.returncode == 0 and json.loads(st.stdout)["mounted"] is False
+
+
+def test_status_text_uses_json_values(project: Path) -> None:
+    m = Mount(project).start()
+    try:
+        st = rwfs("status", cwd=project)
+        assert st.returncode == 0, st.stderr
+        assert "mounted: true" in st.stdout.splitlines()
+        assert "journal_ok: true" in st.stdout.splitlines()
+        assert "True" not in st.stdout
+        none = rwfs("conflicts", cwd=project)
+        assert none.returncode == 0 and none.stdout == "rwfs: no open conflicts\n"
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_usage_errors_exit_2_without_traceback(project: Path) -> None:
+    res = rwfs("log", "--last", "-1", cwd=project)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "usage: rwfs log" in res.stderr
+    res = rwfs("batch", "begin", cwd=project)
+    assert res.returncode == 2 and "usage: rwfs batch" in res.stderr
+    res = rwfs("batch", "begin", "..", cwd=project)
+    assert res.returncode == 2 and "is not a batch name" in res.stderr
+    assert not (project / ".rw").exists()
+
+
+def test_every_verb_help_describes_it_and_its_exit_codes() -> None:
+    for verb in ("mount", "umount", "status", "log", "fsck", "batch", "conflicts", "undo",
+                 "snapshot", "restore", "gc", "doctor", "agents-md", "run"):  # fmt: skip
+        res = rwfs(verb, "--help")
+        assert res.returncode == 0, (verb, res.stderr)
+        usage, _, rest = res.stdout.partition("\n\n")
+        assert usage.startswith(f"usage: rwfs {verb}"), verb
+        assert rest.splitlines()[0].strip(), f"{verb}: no one-line description"
+        assert "exit status" in res.stdout, verb
+        if verb not in ("doctor", "agents-md", "run", "mount", "umount"):
+            assert "-C DIR" in res.stdout, verb
+
+
+def test_closed_pipe_ends_quietly(project: Path) -> None:
+    m = Mount(project).start()
+    try:
+        (project / "notes.txt").write_text("one\n")
+        r, w = os.pipe()
+        os.close(r)  # the reader is gone before rwfs writes a line
+        proc = subprocess.run(
+            [*RWFS, "log", "-C", str(project)],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            env=ENV,
+        )
+        os.close(w)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr == ""
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_failed_mount_names_the_option_and_leaves_nothing(project: Path) -> None:
+    res = rwfs("mount", "-o", "bogusopt", str(project))
+    assert res.returncode == 1
+    assert "bogusopt" in res.stderr and "does not know" in res.stderr
+    assert not (project / ".rw").exists()
+    assert not rwfs_mounted(str(project))
+
+
+def test_dead_daemon_is_named_with_the_command_that_clears_it(project: Path) -> None:
+    m = Mount(project).start()
+    assert m.proc is not None
+    m.proc.send_signal(signal.SIGKILL)
+    m.proc.wait(30)
+    m.proc = None
+    try:
+        st = rwfs("status", str(project))
+        assert st.returncode == 1
+        assert "daemon is gone" in st.stderr and f"rwfs umount {project}" in st.stderr
+        again = rwfs("mount", str(project))
+        assert again.returncode == 1
+        assert "daemon is gone" in again.stderr and f"rwfs umount {project}" in again.stderr
+        cleared = rwfs("umount", str(project))
+        assert cleared.returncode == 0, cleared.stderr
+        assert not rwfs_mounted(str(project))
+    finally:
+        m.reap()
+
+
+def test_busy_umount_names_the_holders_and_offers_lazy(project: Path) -> None:
+    assert rwfs("mount", str(project)).returncode == 0
+    holder = subprocess.Popen(["sleep", "60"], cwd=project / "src")
+    try:
+        res = rwfs("umount", str(project))
+        assert res.returncode == 1
+        assert f"{holder.pid} (sleep)" in res.stderr
+        assert "--lazy" in res.stderr
+        assert rwfs_mounted(str(project))
+    finally:
+        holder.kill()
+        holder.wait()
+        done = rwfs("umount", str(project))
+    assert done.returncode == 0, done.stderr
+
+
+def test_mount_from_inside_warns_and_status_says_raw_tree(project: Path) -> None:
+    # A shell that was inside the workspace before the mount keeps seeing the raw tree.
+    script = f"{' '.join(RWFS)} mount . && {' '.join(RWFS)} status --json"
+    res = subprocess.run(
+        ["sh", "-c", script], cwd=project, capture_output=True, text=True, timeout=60, env=ENV
+    )
+    try:
+        assert res.returncode == 0, res.stderr
+        assert "raw tree" in res.stderr and "cd ." in res.stderr
+        status = json.loads(res.stdout.split("\n", 1)[1])
+        assert status["raw_tree_cwd"] is True
+        fresh = rwfs("status", "--json", cwd=project)  # entered after the mount
+        assert json.loads(fresh.stdout)["raw_tree_cwd"] is False
+    finally:
+        out = rwfs("umount", str(project))
+    assert out.returncode == 0, out.stderr
+
+
+def test_log_follow_streams_new_events_and_resumes_from_an_lsn(project: Path) -> None:
+    m = Mount(project).start()
+    try:
+        (project / "notes.txt").write_text("before\n")
+        last = json.loads(rwfs("log", "--json", "--last", "1", cwd=project).stdout)["lsn"]
+        proc = subprocess.Popen(
+            [*RWFS, "log", "--follow", "--json", "--since", str(last)],
+            cwd=project,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        assert proc.stdout is not None
+        got = []
+        for n in range(3):
+            (project / f"f{n}.txt").write_text(f"{n}\n")
+            os.system(f"echo sync > {project}/.rw/ctl")  # committed now, not in 500 ms
+            while len(got) <= n:
+                ev = json.loads(proc.stdout.readline())
+                if ev["op"] == "write":
+                    got.append(ev)
+        assert [e["path"] for e in got] == ["f0.txt", "f1.txt", "f2.txt"]
+        assert all(e["lsn"] > last for e in got)
+        proc.stdout.close()  # the reader goes away (| head -3): the next event ends it
+        (project / "f3.txt").write_text("3\n")
+        os.system(f"echo sync > {project}/.rw/ctl")
+        assert proc.wait(60) == 0
+        assert proc.stderr is not None and proc.stderr.read() == ""
+    finally:
+        m.stop()
+    check_clean(m)
