@@ -440,3 +440,30 @@ def test_log_follow_streams_new_events_and_resumes_from_an_lsn(project: Path) ->
     finally:
         m.stop()
     check_clean(m)
+
+
+# ---- listing and journal hygiene (item 6) ----
+
+
+def test_listings_show_dot_and_dotdot(project: Path) -> None:
+    m = Mount(project).start()
+    try:
+        for d in (project, project / "src", project / ".rw", project / ".rw" / "batches"):
+            res = subprocess.run(["ls", "-a1", str(d)], capture_output=True, text=True)
+            assert res.returncode == 0, res.stderr
+            assert res.stdout.splitlines()[:2] == [".", ".."], (d, res.stdout)
+        res = subprocess.run(["ls", "-a1", str(project / "src")], capture_output=True, text=True)
+        assert res.stdout.splitlines() == [".", "..", "app.py"]
+        # Many entries: the listing is read in several replies, each name once.
+        many = project / "many"
+        many.mkdir()
+        for n in range(300):
+            (many / f"file-{n:03d}").write_text("x")
+        names = subprocess.run(["ls", "-a1", str(many)], capture_output=True, text=True)
+        assert names.stdout.splitlines() == [".", ".."] + [f"file-{n:03d}" for n in range(300)]
+        ino = subprocess.run(["ls", "-ai1", str(project / "src")], capture_output=True, text=True)
+        dot = int(ino.stdout.split()[0])
+        assert dot == os.stat(project / "src").st_ino
+    finally:
+        m.stop()
+    check_clean(m)

@@ -1256,8 +1256,17 @@ class Operations(pyfuse3.Operations):
         if h.entries is None:
             assert h.inode is not None
             h.entries = self._list(h.inode, h.fd)
-        for idx in range(start_id, len(h.entries)):
-            name = h.entries[idx]
+        # Offsets 0 and 1 are "." and "..", as in every POSIX listing (no lookup count:
+        # the kernel makes no dentry of them); the names follow from offset 2.
+        for idx in range(start_id, len(h.entries) + 2):
+            if idx < 2:
+                attr = self._dot_attr(h, idx == 1)
+                if attr is not None and not pyfuse3.readdir_reply(
+                    token, b".." if idx else b".", attr, idx + 1
+                ):
+                    return
+                continue
+            name = h.entries[idx - 2]
             if h.node is not None:
                 node = h.node.children.get(name)
                 if node is None:
@@ -1298,6 +1307,22 @@ class Operations(pyfuse3.Operations):
                 return
             inode.lookups += 1
         self._listed(kernelflags.dir_inode(fh))  # the whole listing went out
+
+    def _dot_attr(self, h: DirHandle, parent: bool) -> pyfuse3.EntryAttributes | None:
+        """The attributes listed for "." (or ".."): the directory's own, with its parent's
+        inode number for "..". (Never a lookup of ".." in the raw tree: from the top of
+        the workspace it would cross into this very mount and wait on itself. The kernel
+        uses only the number of these entries.)"""
+        if h.node is not None:
+            return self._control_attr(h.node)
+        i = h.inode
+        if i is None or h.fd < 0:
+            return None  # (a directory removed meanwhile: nothing to list)
+        ino = i.ino
+        if parent and i.ino != ROOT:
+            up = self.inodes.by_path.get(os.path.dirname(i.path))
+            ino = up.ino if up is not None else ino
+        return self._attr(ino, os.fstat(h.fd))
 
     @_guard(quiet=True)
     async def releasedir(self, fh: int) -> None:
