@@ -467,3 +467,24 @@ def test_listings_show_dot_and_dotdot(project: Path) -> None:
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_journal_ts_never_goes_back_and_a_clean_mount_says_nothing(project: Path) -> None:
+    first = rwfs("mount", str(project))
+    assert first.returncode == 0, first.stderr
+    try:
+        for n in range(6):  # creates (their own time) and writes (the group commit's)
+            (project / f"n{n}.txt").write_text(f"{n}\n")
+        assert rwfs("log", "-C", str(project)).returncode == 0  # (syncs)
+        events = [json.loads(x) for x in rwfs("log", "--json", cwd=project).stdout.splitlines()]
+        assert len(events) >= 12
+        stamps = [e["ts"] for e in events]
+        assert stamps == sorted(stamps)
+    finally:
+        assert rwfs("umount", str(project)).returncode == 0
+    again = rwfs("mount", str(project))  # a clean mount: nothing to recover, nothing said
+    try:
+        assert again.returncode == 0, again.stderr
+        assert "recovery" not in again.stderr and again.stderr == ""
+    finally:
+        assert rwfs("umount", str(project)).returncode == 0

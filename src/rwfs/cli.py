@@ -74,14 +74,14 @@ def cmd_mount(a: argparse.Namespace) -> int:
     if a.foreground:
         ready = a.ready_fd
         try:
-            serve(a.workspace, mountpoint, options, ready)
+            serve(a.workspace, mountpoint, options, ready, a.json)
         except QuietError as exc:
             if ready is not None:
                 os.write(ready, b"no\n")
             raise exc
         return 0
     refuse_nesting(a.workspace, mountpoint)  # here too: one line, before any daemon starts
-    spawn(a.workspace, mountpoint, sorted(options))
+    spawn(a.workspace, mountpoint, sorted(options), a.json)
     point = os.path.realpath(mountpoint)
     print(f"rwfs: {a.workspace} mounted at {point}")
     if _raw_cwd() is not None:
@@ -624,6 +624,7 @@ def parser() -> argparse.ArgumentParser:
         help="mount options (show_control, allow_other, other FUSE options)",
     )
     m.add_argument("--foreground", "-f", action="store_true", help="stay attached")
+    m.add_argument("--json", action="store_true", help="the recovery summary as JSON")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.set_defaults(fn=cmd_mount)
     u = verb(

@@ -148,7 +148,13 @@ def load_policy(state_fd: int) -> Policy:
         raise QuietError(f".rw/policy.toml: {exc}") from None
 
 
-def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | None) -> None:
+def serve(
+    workspace: str,
+    mountpoint: str,
+    options: set[str],
+    ready_fd: int | None,
+    as_json: bool = False,
+) -> None:
     """Run the daemon in the foreground until the mount goes away."""
     try:
         faults.arm()
@@ -185,7 +191,11 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
             "device, then mount again (recovery goes on where it stopped)"
         ) from None
     if any(summary.values()):
-        print(f"rwfs: recovered: {summary}", file=sys.stderr, flush=True)
+        if as_json:
+            print(json.dumps({"recovered": summary}), file=sys.stderr, flush=True)
+        else:
+            done = ", ".join(f"{v} {k}" for k, v in summary.items() if v)
+            print(f"rwfs: recovered: {done}", file=sys.stderr, flush=True)
     ws.open_intents()
     overmount = workspace == mountpoint
     info: dict[str, Any] = {
@@ -261,10 +271,11 @@ def _quiet_stdio(state_fd: int) -> None:
     os.close(devnull)
 
 
-def spawn(workspace: str, mountpoint: str, options: list[str]) -> None:
+def spawn(workspace: str, mountpoint: str, options: list[str], as_json: bool = False) -> None:
     """Start the daemon in the background; return once the mount is ready or failed."""
     rfd, wfd = os.pipe()
     cmd = [sys.executable, "-m", "rwfs.cli", "mount", "--foreground", "--ready-fd", str(wfd)]
+    cmd += ["--json"] if as_json else []
     for o in options:
         cmd += ["-o", o]
     cmd += [os.path.abspath(workspace), os.path.abspath(mountpoint)]
