@@ -122,6 +122,16 @@ def cmd_status(a: argparse.Namespace) -> int:
             store.close()
     else:
         status = {"mounted": True, **status}
+        for b in status.get("open_batch") or []:
+            if not a.json:
+                whose = (b.get("scope") or {}).get("kind", "all")
+                print(
+                    f"rwfs: batch {b['name']} is open since {b['opened']}, holding "
+                    f"{b['files']} files, and captures the writes of "
+                    + ("every process" if whose == "all" else f"its scope ({whose})")
+                    + f": rwfs batch commit {b['name']} (or abort)",
+                    file=sys.stderr,
+                )
         raw = _raw_cwd()
         status["raw_tree_cwd"] = raw is not None
         if raw is not None:
