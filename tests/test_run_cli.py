@@ -488,3 +488,60 @@ def test_journal_ts_never_goes_back_and_a_clean_mount_says_nothing(project: Path
         assert "recovery" not in again.stderr and again.stderr == ""
     finally:
         assert rwfs("umount", str(project)).returncode == 0
+
+
+def _read_until(fd: int, needle: bytes, seen: bytearray) -> None:
+    """Read a pty until ``needle`` shows (or it closes; the assertion then names why)."""
+    import select
+
+    while needle not in seen:
+        ready, _, _ = select.select([fd], [], [], 30)
+        assert ready, f"no {needle!r} on the terminal: {seen.decode(errors='replace')}"
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # (EIO: the other side closed)
+            chunk = b""
+        assert chunk, f"the terminal closed before {needle!r}: {seen.decode(errors='replace')}"
+        seen += chunk
+
+
+def test_run_review_on_a_terminal_asks_and_commits(project: Path) -> None:
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: rwfs run on a terminal of its own
+        try:
+            os.chdir(project)
+            os.execve(
+                sys.executable,
+                [
+                    sys.executable,
+                    "-m",
+                    "rwfs.cli",
+                    "run",
+                    "--review",
+                    "--",
+                    "sh",
+                    "-c",
+                    "printf 'x = 6\\n' > src/app.py",
+                ],  # fmt: skip
+                ENV,
+            )
+        finally:
+            os._exit(127)
+    seen = bytearray()
+    try:
+        _read_until(fd, b"[c/a/l] ", seen)
+        assert b"src/app.py | +1 -1" in seen
+        os.write(fd, b"c\n")
+        _read_until(fd, b"undo all of it", seen)
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)  # (then the fixture clears the mount it left)
+        raise
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0, seen.decode(errors="replace")
+    assert b"is committed" in seen
+    assert not rwfs_mounted(str(project))  # committed: nothing kept the mount
+    assert (project / "src" / "app.py").read_text() == "x = 6\n"
