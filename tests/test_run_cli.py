@@ -545,3 +545,38 @@ def test_run_review_on_a_terminal_asks_and_commits(project: Path) -> None:
     assert b"is committed" in seen
     assert not rwfs_mounted(str(project))  # committed: nothing kept the mount
     assert (project / "src" / "app.py").read_text() == "x = 6\n"
+
+
+def test_progress_only_on_a_terminal(project: Path) -> None:
+    import pty
+
+    m = Mount(project).start()
+    try:
+        many = project / "many"
+        many.mkdir()
+        for n in range(1000):  # fsck reports every 1000 paths
+            (many / f"f{n}").write_text("x")
+    finally:
+        m.stop()
+    check_clean(m)
+    piped = rwfs("fsck", str(project))
+    assert piped.returncode == 0 and "fsck: 1000/" not in piped.stderr, piped.stderr
+    pid, fd = pty.fork()
+    if pid == 0:
+        try:
+            os.execve(sys.executable, [sys.executable, "-m", "rwfs.cli", "fsck", str(project)], ENV)
+        finally:
+            os._exit(127)
+    seen = bytearray()
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0, seen
+    assert b"\r\x1b[Kfsck: 1000/" in seen  # one line, rewritten in place

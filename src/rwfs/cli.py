@@ -495,6 +495,9 @@ def cmd_gc(a: argparse.Namespace) -> int:
             done = [json.loads(line) for line in f if '"op": "gc"' in line][-1]
     else:
         root, state, _ = locate(ws)
+        from .progress import Progress
+
+        bar = Progress()
         store = Store(os.path.join(state, "journal"))
         state_fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -502,9 +505,10 @@ def cmd_gc(a: argparse.Namespace) -> int:
                 store,
                 ObjectStore(state_fd),
                 policy_of(state_fd),
-                progress=lambda m: print(m, file=sys.stderr),
+                progress=bar,
             )
         finally:
+            bar.done()
             os.close(state_fd)
             store.close()
     print(f"gc: removed {done['removed']} objects, freed {done['freed_bytes']} bytes")

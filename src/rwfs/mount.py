@@ -183,13 +183,18 @@ def serve(
     store = Store(f"/proc/self/fd/{state_fd}/journal")
     ws = Workspace(root_fd, state_fd, store, policy)
     batches = Batches(ws)
+    from .progress import Progress
+
+    bar = Progress()
     try:
-        summary = recover(ws, batches, progress=lambda m: print(m, file=sys.stderr, flush=True))
+        summary = recover(ws, batches, progress=bar)
     except JournalUnavailable as exc:  # LMDB commits nothing at all: nothing to serve on
+        bar.done()
         raise QuietError(
             f"recovery could not write the journal ({exc}): free disk space or fix the "
             "device, then mount again (recovery goes on where it stopped)"
         ) from None
+    bar.done()
     if any(summary.values()):
         if as_json:
             print(json.dumps({"recovered": summary}), file=sys.stderr, flush=True)
