@@ -94,7 +94,8 @@ def test_run_edits_refuses_deletes_summary_undo(project: Path, tmp_path: Path) -
     assert "created 1 (new.txt)" in err
     assert "deleted 1 (old.txt)" in err
     assert "refused src/app.py: " in err and "does not parse" in err
-    assert "(draft: .rw/rejected/" in err
+    refused = [ln for ln in err.splitlines() if ln.startswith("  refused src/app.py")]
+    assert len(refused) == 1 and ".rw/rejected/" in refused[0]  # the draft, once
     assert f"rwfs undo {name} -C {project}" in err
     assert (project / "src" / "app.py").read_text() == "x = 2\n"
     assert not (project / "old.txt").exists()
@@ -364,6 +365,10 @@ def test_dead_daemon_is_named_with_the_command_that_clears_it(project: Path) -> 
         st = rwfs("status", str(project))
         assert st.returncode == 1
         assert "daemon is gone" in st.stderr and f"rwfs umount {project}" in st.stderr
+        for verb in (("run", "--", "true"), ("undo", "run-1"), ("log",)):
+            res = rwfs(verb[0], "-C", str(project), *verb[1:])  # (no cwd can be in it)
+            assert res.returncode == 1, (verb, res.stderr)
+            assert f"'rwfs umount {project}'" in res.stderr, (verb, res.stderr)
         again = rwfs("mount", str(project))
         assert again.returncode == 1
         assert "daemon is gone" in again.stderr and f"rwfs umount {project}" in again.stderr

@@ -17,6 +17,7 @@ from . import kernelflags  # before pyfuse3 is imported: see kernelflags
 from .mount import (
     UMOUNT_WAIT,
     QuietError,
+    dead,
     locate,
     owed_commits,
     refuse_nesting,
@@ -285,6 +286,15 @@ journaled, and a write that would break a file is refused. Its control directory
 """
 
 
+def _alive(mount: str) -> str:
+    if dead(mount):
+        raise QuietError(
+            f"{mount} is a dead rwfs mount: its daemon is gone. Clear it with "
+            f"'rwfs umount {mount}' (then mount again)"
+        )
+    return mount
+
+
 # Workspaces this command mounted for itself (unmounted again before it exits).
 _TEMPORARY: list[str] = []
 
@@ -298,13 +308,13 @@ def _mount_of(path: str) -> str:
     mounts = rwfs_mounts()
     while True:
         if here in mounts:
-            return here
+            return _alive(here)
         if here == "/":
             break
         here = os.path.dirname(here)
     ws, mount = find_workspace(path)
     if mount is not None:
-        return mount
+        return _alive(mount)
     if not os.path.isfile(os.path.join(ws, ".rw", "rwfs-state")):
         raise QuietError(
             f"{path} is not inside an rwfs mount, nor in a workspace (no .rw/ above it): "

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from .mount import QuietError, locate, refuse_nesting, rwfs_mounts, spawn, umount
+from .mount import QuietError, dead, locate, refuse_nesting, rwfs_mounts, spawn, umount
 from .store import Store
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -287,7 +287,7 @@ def render(summary: dict[str, Any]) -> Iterator[str]:
         f"deleted {len(s['deleted'])}{_names(s['deleted'])}"
     )
     for r in s["refusals"]:
-        draft = f" (draft: {r['draft']})" if r["draft"] else ""
+        draft = f" (draft: {r['draft']})" if r["draft"] and r["draft"] not in r["reason"] else ""
         yield f"  refused {r['path']}: {r['reason']}{draft}"
     for c in s["conflicts"]:
         yield f"  conflict on {c['path']} ({c['reason']}): see .rw/conflicts/"
@@ -422,6 +422,11 @@ def _usage(message: str) -> None:
 def cmd_run(a: Any) -> int:
     cwd = os.getcwd()
     ws, mount = find_workspace(a.workspace or cwd)
+    if mount is not None and dead(mount):
+        raise QuietError(
+            f"{mount} is a dead rwfs mount: its daemon is gone. Clear it with "
+            f"'rwfs umount {mount}', then run again"
+        )
     if not os.path.isdir(ws):
         raise QuietError(f"{ws} is not a directory")
     mounted_here = False
