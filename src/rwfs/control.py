@@ -441,10 +441,14 @@ class Control:
         if len(args) != 1:
             raise _verb_error("undo takes one batch or session name: write 'undo NAME'.")
         await self.ws.sync()  # the journal holds every acknowledged write
-        # A batch's name first; otherwise a run session's (sessions.py): all its events.
-        key = "batch" if args[0] in self.batches.all else "session"
-        # Reads the whole journal: off the event loop.
+        # A batch's name first (an explicit batch, or a batch of one: auto-N); otherwise a
+        # run session's (sessions.py): all its events. Reads the whole journal: off the
+        # event loop.
+        key = "batch"
         changes = await trio.to_thread.run_sync(self.batches.changes_of, args[0], key)
+        if not changes and args[0] not in self.batches.all:
+            key = "session"
+            changes = await trio.to_thread.run_sync(self.batches.changes_of, args[0], key)
         if not changes:
             raise _verb_error(
                 f"Nothing was undone: the journal has no change by batch or session "
