@@ -237,6 +237,20 @@ def test_run_usage_errors_exit_2(project: Path) -> None:
     assert not (project / ".rw").exists()  # nothing was made
 
 
+def test_run_that_cannot_start_leaves_no_mount(project: Path) -> None:
+    m = Mount(project).start()
+    try:
+        (project / ".rw" / "batches" / "taken").mkdir()
+    finally:
+        m.stop()
+    check_clean(m)
+    res = rwfs("run", "--batch", "taken", "--", "true", cwd=project)
+    assert res.returncode == 1 and "taken" in res.stderr, res.stderr
+    assert not rwfs_mounted(str(project))  # it mounted, failed, and unmounted
+    bad = rwfs("run", "--batch", "..", "--", "true", cwd=project)
+    assert bad.returncode == 2 and "is not a batch name" in bad.stderr
+
+
 def test_run_command_not_found_is_127(project: Path) -> None:
     res = rwfs("run", "--", "no-such-command-rwfs", cwd=project)
     assert res.returncode == 127

@@ -158,6 +158,7 @@ def run_child(argv: list[str], cwd: str, env: dict[str, str]) -> int:
             pass
 
     old = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    code = -1
     try:
         while True:
             try:
@@ -179,7 +180,7 @@ def run_child(argv: list[str], cwd: str, env: dict[str, str]) -> int:
             code = 128 - code if code < 0 else code
             break
     finally:
-        proc.returncode = code if "code" in locals() else -1
+        proc.returncode = code
         for sig, handler in old.items():
             signal.signal(sig, handler)
         if tty is not None:
@@ -408,6 +409,12 @@ def parse_run(args: list[str]) -> Any:
         a.workspace = before[0]
     if not a.command:
         _usage("COMMAND is missing")
+    if a.batch is not None:
+        from .store import plain_name
+
+        if plain_name(os.fsencode(a.batch)) is None or a.batch.startswith("auto-"):
+            _usage(f"{a.batch!r} is not a batch name: use 1 to 64 letters, digits, dots, "
+                   "dashes or underscores, not starting with 'auto-'")  # fmt: skip
     if a.batch is not None and a.review:
         _usage("--batch and --review cannot be combined (--review makes its own batch)")
     return a
@@ -434,7 +441,15 @@ def cmd_run(a: Any) -> int:
         refuse_nesting(ws, ws)
         spawn(ws, ws, [])
         mount, mounted_here = ws, True
-    return _run_in(a, list(a.command), ws, mount, cwd, mounted_here)
+    try:
+        return _run_in(a, list(a.command), ws, mount, cwd, mounted_here)
+    except BaseException:
+        if mounted_here:  # (an error of rwfs's own: leave nothing mounted behind)
+            try:
+                umount(mount)
+            except QuietError as exc:
+                print(f"rwfs run: {exc}", file=sys.stderr)
+        raise
 
 
 def _run_in(a: Any, argv: list[str], ws: str, mount: str, cwd: str, mounted_here: bool) -> int:
@@ -455,11 +470,14 @@ def _run_in(a: Any, argv: list[str], ws: str, mount: str, cwd: str, mounted_here
         from .cli import _attempt
 
         where = os.path.join(mount, ".rw", "batches", batch)
-        if os.path.exists(where):
-            _ctl(mount, f"session end {name}")
-            raise QuietError(f"batch {batch} exists already: choose another name")
-        _attempt(mount, lambda: os.mkdir(where))
-        _ctl(mount, "scope run", os.path.join("batches", batch, "ctl"))
+        try:
+            if os.path.exists(where):
+                raise QuietError(f"batch {batch} exists already: choose another name")
+            _attempt(mount, lambda: os.mkdir(where))
+            _ctl(mount, "scope run", os.path.join("batches", batch, "ctl"))
+        except QuietError:
+            _ctl(mount, f"session end {name}")  # (COMMAND never started)
+            raise
     env = dict(os.environ)
     env.update(
         RWFS_WORKSPACE=ws,
