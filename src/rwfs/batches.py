@@ -191,9 +191,16 @@ class Batches:
             return bool(who.get("uid") == scope["uid"])
         if scope["kind"] == "session":
             return session_of(who.get("pid", 0)) == scope["sid"]
+        if scope["kind"] == "run":  # an ``rwfs run`` session's writers (sessions.py)
+            return bool(who.get("session") == scope["session"])
         return True
 
     async def set_scope(self, batch: Batch, args: list[str], who: dict[str, Any]) -> None:
+        if batch.state == OPEN and args == ["run"] and who.get("session"):
+            # (from inside an ``rwfs run`` session: that session's writes, sessions.py)
+            batch.record["scope"] = {"kind": "run", "session": who["session"]}
+            await self._save(batch)
+            return
         if batch.state != OPEN or len(args) != 1 or args[0] not in ("all", "uid", "session"):
             raise _err(
                 "The scope was not changed: write 'scope all', 'scope uid' (your user's "
@@ -494,43 +501,11 @@ class Batches:
 
     # ---- batches rwfs writes itself: undo, restore (SPEC §8) ----
 
-    def changes_of(self, name: str) -> dict[bytes, tuple[str | None, str | None]]:
-        """What undoing batch ``name`` means: path -> (bytes it holds after the batch,
-        bytes it held before); None stands for an absent file.
-
-        The source of a rename that the renaming process made itself, and that only it
-        wrote, is its temporary file (an editor's or ``sed -i``'s write-then-rename): the
-        undo does not make it again.
-
-        A save that removes the file (``unlink``, or a rename away: ``git checkout``, vim's
-        backup rename, ``rm`` then a new file), makes it again and writes it, three events
-        in a row, is one edit: undoing that write gives back the bytes before the removal,
-        not the empty file the ``create`` made."""
-        before: dict[bytes, str | None] = {}
-        after: dict[bytes, str | None] = {}
-        made_by: dict[bytes, Any] = {}  # path -> pid of the process that made the file
-        remade = _Remade()
-        for ev in self.ws.store.events():
-            op = ev["op"]
-            if not ev.get("path"):  # (a gc)
-                continue
-            path = os.fsencode(ev["path"])
-            was = remade.follow(op, path, ev)
-            if ev.get("batch") == name and op in ("write", "create", "unlink"):
-                base = was if op == "write" and was is not None else ev.get("expected")
-                before.setdefault(path, None if op == "create" else base)
-                after[path] = None if op == "unlink" else ev.get("intended")
-            elif ev.get("batch") == name and op == "rename" and ev.get("intended"):
-                if not ev.get("exchange"):  # (nor is a directory's rename undone)
-                    dest = os.fsencode(ev["dest"])
-                    before.setdefault(dest, ev.get("expected"))
-                    after[dest] = ev["intended"]
-                    pid = ev.get("pid")
-                    temporary = pid is not None and made_by.get(path) == pid
-                    before.setdefault(path, None if temporary else ev["intended"])
-                    after[path] = None
-            _track_maker(made_by, op, path, ev)
-        return {p: (after[p], before[p]) for p in after if after[p] != before[p]}
+    def changes_of(
+        self, name: str, key: str = "batch"
+    ) -> dict[bytes, tuple[str | None, str | None]]:
+        """What undoing batch ``name`` means (``changes_in`` over the whole journal)."""
+        return changes_in(self.ws.store.events(), name, key)
 
     def undone_by(self, name: str) -> str | None:
         """The batch that undid batch ``name`` and is still in effect (not undone in turn),
@@ -832,6 +807,16 @@ class Batches:
             **({"undoes": rec["undoes"]} if rec.get("undoes") else {}),
         }
 
+    def summary(self, batch: Batch) -> dict[str, Any]:
+        """One open batch in a line of ``.rw/status``: whose writes it captures, since
+        when, and how many files it holds."""
+        return {
+            "name": batch.name,
+            "opened": batch.record.get("opened"),
+            "scope": batch.record.get("scope"),
+            "files": len(batch.record.get("entries", {})),
+        }
+
     def diff(self, batch: Batch) -> bytes:
         """A unified diff of the batch against its base (blocking)."""
         out = []
@@ -1047,8 +1032,53 @@ def _recover_committing(
         summary["performed"] += owed - unreadable
 
 
+def changes_in(
+    events: Iterable[dict[str, Any]], name: str, key: str = "batch"
+) -> dict[bytes, tuple[str | None, str | None]]:
+    """What undoing batch ``name`` means: path -> (bytes it holds after the batch,
+    bytes it held before); None stands for an absent file. With ``key="session"``,
+    ``name`` is a run session (sessions.py): the events it wrote, in any batch.
+
+    The source of a rename that the renaming process made itself, and that only it
+    wrote, is its temporary file (an editor's or ``sed -i``'s write-then-rename): the
+    undo does not make it again.
+
+    A save that removes the file (``unlink``, or a rename away: ``git checkout``, vim's
+    backup rename, ``rm`` then a new file), makes it again and writes it, three events
+    in a row, is one edit: undoing that write gives back the bytes before the removal,
+    not the empty file the ``create`` made."""
+    before: dict[bytes, str | None] = {}
+    after: dict[bytes, str | None] = {}
+    made_by: dict[bytes, Any] = {}  # path -> pid of the process that made the file
+    remade = _Remade()
+    for ev in events:
+        op = ev["op"]
+        if not ev.get("path"):  # (a gc)
+            continue
+        path = os.fsencode(ev["path"])
+        was = remade.follow(op, path, ev)
+        if ev.get(key) == name and op in ("write", "create", "unlink"):
+            base = was if op == "write" and was is not None else ev.get("expected")
+            before.setdefault(path, None if op == "create" else base)
+            after[path] = None if op == "unlink" else ev.get("intended")
+        elif ev.get(key) == name and op == "rename" and ev.get("intended"):
+            if not ev.get("exchange"):  # (nor is a directory's rename undone)
+                dest = os.fsencode(ev["dest"])
+                before.setdefault(dest, ev.get("expected"))
+                after[dest] = ev["intended"]
+                pid = ev.get("pid")
+                temporary = pid is not None and made_by.get(path) == pid
+                before.setdefault(path, None if temporary else ev["intended"])
+                after[path] = None
+        _track_maker(made_by, op, path, ev)
+    return {p: (after[p], before[p]) for p in after if after[p] != before[p]}
+
+
 def modes_at(
-    events: Iterable[dict[str, Any]], lsn: int | None = None, batch: str | None = None
+    events: Iterable[dict[str, Any]],
+    lsn: int | None = None,
+    batch: str | None = None,
+    key: str = "batch",
 ) -> dict[bytes, int]:
     """The mode bits of each file at a point of the journal: after event ``lsn``, or just
     before the first event of ``batch``. A file has the mode its last ``create``, ``write``
@@ -1067,7 +1097,7 @@ def modes_at(
         after = (
             after
             or (lsn is not None and ev["lsn"] > lsn)
-            or (batch is not None and ev.get("batch") == batch)
+            or (batch is not None and ev.get(key) == batch)
         )
         if after:
             mode = ev.get("mode")

@@ -10,14 +10,15 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import kernelflags  # before pyfuse3 is imported: see kernelflags
 from .mount import (
     UMOUNT_WAIT,
     QuietError,
-    open_state,
+    dead,
+    locate,
     owed_commits,
     refuse_nesting,
     rwfs_mounts,
@@ -27,33 +28,45 @@ from .mount import (
 )
 
 
-def _locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
-    """(raw tree, state dir, status-if-mounted) for a workspace or mount path."""
-    path = os.path.realpath(path)
-    if path in rwfs_mounts():
-        # Make every queued commit durable first, so the journal read below is current.
-        try:
-            with open(os.path.join(path, ".rw", "ctl"), "w") as f:
-                f.write("sync\n")
-        except OSError as exc:
-            # The journal cannot commit (EIO): what it holds is read as it is, and
-            # `status` says why (its `journal` entry).
-            print(
-                f"rwfs: the queued commits could not be made durable ({exc.strerror}); "
-                "see the journal entry of 'rwfs status'",
-                file=sys.stderr,
-            )
-        with open(os.path.join(path, ".rw", "status"), "rb") as f:
-            status = json.load(f)
-        pid = status["pid"]
-        # The daemon's own descriptors reach the raw tree under the mount.
-        return f"/proc/{pid}/fd/{status['root_fd']}", f"/proc/{pid}/fd/{status['state_fd']}", status
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def _workspace(a: argparse.Namespace) -> tuple[str, str | None]:
+    """(workspace, its mount point or None) named by ``-C DIR`` or the verb's positional
+    directory, or holding the current directory: searched upward, as git does."""
+    from .run import find_workspace
+
+    start = getattr(a, "directory", None) or getattr(a, "dir_pos", None) or "."
+    if not os.path.isdir(start) and os.path.realpath(start) not in rwfs_mounts():
+        raise QuietError(f"{start} is not a directory", code=2)
+    return find_workspace(start)
+
+
+def _locate(a: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None]:
+    ws, mount = _workspace(a)
+    return locate(mount or ws)
+
+
+def _raw_cwd() -> str | None:
+    """The mount point when the current directory is the raw tree under a mount over it
+    (a shell that was there before the mount), else None."""
     try:
-        os.close(open_state(fd, create=False))
-    finally:
-        os.close(fd)
-    return path, os.path.join(path, ".rw"), None
+        here, dot = os.getcwd(), os.stat(".")
+    except OSError:
+        return None
+    for point in rwfs_mounts():
+        if here == point or here.startswith(point.rstrip("/") + "/"):
+            try:
+                through = os.stat(here)  # the same path, looked up afresh: the mount
+            except OSError:
+                return None
+            if (through.st_dev, through.st_ino) != (dot.st_dev, dot.st_ino):
+                return point
+    return None
+
+
+def _raw_note(mount: str) -> str:
+    return (
+        f"rwfs: this shell's working directory is the raw tree under the mount at {mount}: "
+        "what is written from here bypasses rwfs (no gate, no journal). Re-enter it: cd ."
+    )
 
 
 def cmd_mount(a: argparse.Namespace) -> int:
@@ -62,25 +75,28 @@ def cmd_mount(a: argparse.Namespace) -> int:
     if a.foreground:
         ready = a.ready_fd
         try:
-            serve(a.workspace, mountpoint, options, ready)
+            serve(a.workspace, mountpoint, options, ready, a.json)
         except QuietError as exc:
             if ready is not None:
                 os.write(ready, b"no\n")
             raise exc
         return 0
     refuse_nesting(a.workspace, mountpoint)  # here too: one line, before any daemon starts
-    spawn(a.workspace, mountpoint, sorted(options))
-    print(f"rwfs: {a.workspace} mounted at {os.path.realpath(mountpoint)}")
+    spawn(a.workspace, mountpoint, sorted(options), a.json)
+    point = os.path.realpath(mountpoint)
+    print(f"rwfs: {a.workspace} mounted at {point}")
+    if _raw_cwd() is not None:
+        print(_raw_note(point), file=sys.stderr)
     return 0
 
 
 def cmd_umount(a: argparse.Namespace) -> int:
-    umount(a.mountpoint, wait=a.wait)
+    umount(a.mountpoint, wait=a.wait, lazy=a.lazy)
     return 0
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    root, state, status = _locate(a.path)
+    root, state, status = _locate(a)
     if status is None:
         from .store import Store
 
@@ -107,39 +123,108 @@ def cmd_status(a: argparse.Namespace) -> int:
             store.close()
     else:
         status = {"mounted": True, **status}
+        for b in status.get("open_batch") or []:
+            if not a.json:
+                whose = (b.get("scope") or {}).get("kind", "all")
+                print(
+                    f"rwfs: batch {b['name']} is open since {b['opened']}, holding "
+                    f"{b['files']} files, and captures the writes of "
+                    + ("every process" if whose == "all" else f"its scope ({whose})")
+                    + f": rwfs batch commit {b['name']} (or abort)",
+                    file=sys.stderr,
+                )
+        raw = _raw_cwd()
+        status["raw_tree_cwd"] = raw is not None
+        if raw is not None:
+            print(_raw_note(raw), file=sys.stderr)
     if a.json:
         print(json.dumps(status, indent=2))
     else:
         for key, value in status.items():
-            print(f"{key}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+            print(f"{key}: {json.dumps(value)}")
     return 0
+
+
+def _relative(a: argparse.Namespace, root: str, mount: str | None) -> str | None:
+    """A PATH argument (relative to the current directory) as the journal names it:
+    relative to the workspace's top."""
+    if not a.path:
+        return None
+    full = os.path.abspath(a.path)
+    for top in filter(None, (mount, root)):
+        top = os.path.realpath(top)
+        real = os.path.join(os.path.realpath(os.path.dirname(full)), os.path.basename(full))
+        for cand in (real, full):
+            if cand == top:
+                return "."
+            if cand.startswith(top.rstrip("/") + "/"):
+                return os.path.relpath(cand, top)
+    if not os.path.isabs(a.path):  # (from outside the workspace: relative to its top)
+        return os.path.normpath(a.path)
+    raise QuietError(f"{a.path} is outside the workspace {root}", code=2)
 
 
 def cmd_log(a: argparse.Namespace) -> int:
+    import collections
+    import time
+
     from .store import Store
 
-    root, state, _ = _locate(a.workspace)
-    path = None
-    if a.path:
-        full = os.path.realpath(a.path)
-        base = os.path.realpath(a.workspace)
-        path = os.path.relpath(full, base) if full.startswith(base + os.sep) else a.path
+    ws, mount = _workspace(a)
+    root, state, _ = locate(mount or ws)
+    path = _relative(a, ws, mount)
     store = Store(os.path.join(state, "journal"))
+
+    def wanted(ev: dict[str, Any]) -> bool:
+        if path is None or path == ".":
+            return True
+        return any(
+            p == path or str(p).startswith(path + "/")
+            for p in (ev.get("path"), ev.get("dest"))
+            if p
+        )
+
+    shown = 0
     try:
-        for ev in store.events(path=path, last=a.last):
-            if a.json:
-                print(json.dumps(ev))
-            else:
-                digests = ""
-                if ev.get("expected") or ev.get("intended"):
-                    digests = f" {_short(ev.get('expected'))} -> {_short(ev.get('intended'))}"
-                dest = f" -> {ev['dest']}" if ev.get("dest") else ""
-                who = f" ({ev['comm']})" if ev.get("comm") else ""
-                lsn, ts, op = ev.get("lsn", "?"), ev.get("ts", "?"), ev.get("op", "?")
-                print(f"{lsn:>6} {ts} {op:<8} {ev.get('path', '')}{dest}{digests}{who}")
+        events: Iterator[dict[str, Any]] = (ev for ev in store.events(since=a.since) if wanted(ev))
+        if a.last is not None:
+            events = iter(collections.deque(events, maxlen=a.last))
+        last = a.since
+        for ev in events:
+            _print_event(ev, a.json)
+            shown += 1
+            last = max(last, int(ev.get("lsn", last)))
+        if a.follow:
+            sys.stdout.flush()
+            while True:
+                time.sleep(0.2)
+                if mount is not None and not os.path.exists(state):
+                    print("rwfs: the workspace was unmounted", file=sys.stderr)
+                    return 0
+                for ev in store.events(since=last):
+                    last = int(ev["lsn"])
+                    if wanted(ev):
+                        _print_event(ev, a.json)
+                sys.stdout.flush()
     finally:
         store.close()
+    if not shown and path is not None and not a.json:
+        print(f"rwfs: no journal events for {path}", file=sys.stderr)
     return 0
+
+
+def _print_event(ev: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(ev))
+        return
+    digests = ""
+    if ev.get("expected") or ev.get("intended"):
+        digests = f" {_short(ev.get('expected'))} -> {_short(ev.get('intended'))}"
+    dest = f" -> {ev['dest']}" if ev.get("dest") else ""
+    who = f" ({ev['comm']})" if ev.get("comm") else ""
+    sess = f" [{ev['session']}]" if ev.get("session") else ""
+    lsn, ts, op = ev.get("lsn", "?"), ev.get("ts", "?"), ev.get("op", "?")
+    print(f"{lsn:>6} {ts} {op:<8} {ev.get('path') or ''}{dest}{digests}{who}{sess}")
 
 
 def _short(d: Any) -> str:
@@ -153,7 +238,7 @@ def _short(d: Any) -> str:
 def cmd_fsck(a: argparse.Namespace) -> int:
     from .fsck import main_fsck
 
-    root, state, _ = _locate(a.path)
+    root, state, _ = _locate(a)
     return main_fsck(root, state)
 
 
@@ -201,16 +286,44 @@ journaled, and a write that would break a file is refused. Its control directory
 """
 
 
+def _alive(mount: str) -> str:
+    if dead(mount):
+        raise QuietError(
+            f"{mount} is a dead rwfs mount: its daemon is gone. Clear it with "
+            f"'rwfs umount {mount}' (then mount again)"
+        )
+    return mount
+
+
+# Workspaces this command mounted for itself (unmounted again before it exits).
+_TEMPORARY: list[str] = []
+
+
 def _mount_of(path: str) -> str:
-    """The rwfs mount holding ``path`` (batches and conflicts live in a mounted ``.rw/``)."""
+    """The rwfs mount holding ``path`` (batches and conflicts live in a mounted ``.rw/``).
+    A workspace that is not mounted is mounted for the length of this command."""
+    from .run import find_workspace
+
     here = os.path.realpath(path)
     mounts = rwfs_mounts()
     while True:
         if here in mounts:
-            return here
+            return _alive(here)
         if here == "/":
-            raise QuietError(f"{path} is not inside an rwfs mount: mount the workspace first")
+            break
         here = os.path.dirname(here)
+    ws, mount = find_workspace(path)
+    if mount is not None:
+        return _alive(mount)
+    if not os.path.isfile(os.path.join(ws, ".rw", "rwfs-state")):
+        raise QuietError(
+            f"{path} is not inside an rwfs mount, nor in a workspace (no .rw/ above it): "
+            "mount it first (rwfs mount DIR, or rwfs run -- COMMAND)"
+        )
+    refuse_nesting(ws, ws)
+    spawn(ws, ws, [])
+    _TEMPORARY.append(ws)
+    return ws
 
 
 def _control(mount: str, *parts: str) -> str:
@@ -253,15 +366,31 @@ def _read(path: str) -> str:
 
 
 def cmd_batch(a: argparse.Namespace) -> int:
-    mount = _mount_of(a.workspace)
+    from .store import plain_name
+
+    if a.name is None and a.action != "status":
+        raise QuietError(f"rwfs batch {a.action} needs a batch name: rwfs batch {a.action} NAME", 2)
+    if a.name is not None and (
+        plain_name(os.fsencode(a.name)) is None or a.name.startswith("auto-")
+    ):
+        raise QuietError(
+            f"{a.name!r} is not a batch name: use 1 to 64 letters, digits, dots, dashes or "
+            "underscores, not starting with 'auto-'",
+            2,
+        )
+    mount = _mount_of(a.directory or ".")
     if a.action == "status" and a.name is None:
         top = _control(mount, "batches")
-        for name in sorted(os.listdir(top)):
+        names = sorted(os.listdir(top))
+        for name in names:
             st = json.loads(_read(os.path.join(top, name, "status")))
-            print(f"{name}\t{st['state']}\t{len(st['paths'])} paths")
+            if a.json:
+                print(json.dumps(st))
+            else:
+                print(f"{name}\t{st['state']}\t{len(st['paths'])} paths")
+        if not names and not a.json:
+            print("rwfs: no batches")
         return 0
-    if a.name is None:
-        raise QuietError(f"rwfs batch {a.action} needs a batch name")
     where = _control(mount, "batches", a.name)
     if a.action == "begin":
         if os.path.exists(where):
@@ -285,7 +414,7 @@ def cmd_batch(a: argparse.Namespace) -> int:
 
 
 def cmd_conflicts(a: argparse.Namespace) -> int:
-    mount = _mount_of(a.workspace)
+    mount = _mount_of(a.directory or ".")
     top = _control(mount, "conflicts")
     if a.action is None:
         infos = [
@@ -297,10 +426,12 @@ def cmd_conflicts(a: argparse.Namespace) -> int:
                 print(json.dumps(info))
             else:
                 print(f"{info['id']}\t{info['path']}\tbatch {info['batch']}\t{info['reason']}")
+        if not infos and not a.json:
+            print("rwfs: no open conflicts")
         return 0
     if a.id is None or (a.action == "resolve") != (a.how is not None):
         raise QuietError(
-            "use: rwfs conflicts [show ID | resolve ID keep-actual|take-intended|resolved]"
+            "use: rwfs conflicts [show ID | resolve ID keep-actual|take-intended|resolved]", 2
         )
     where = os.path.join(top, a.id)
     if not os.path.isdir(where):
@@ -324,15 +455,15 @@ def _made(mount: str, verb: str) -> str | None:
 
 
 def cmd_undo(a: argparse.Namespace) -> int:
-    mount = _mount_of(a.workspace)
+    mount = _mount_of(a.directory or ".")
     made = _made(mount, f"undo {a.batch}")
     how = f"the undo is batch {made}: undo it to redo" if made else "see 'rwfs batch status'"
-    print(f"rwfs: batch {a.batch} undone ({how})")
+    print(f"rwfs: {a.batch} undone ({how})")
     return 0
 
 
 def cmd_snapshot(a: argparse.Namespace) -> int:
-    mount = _mount_of(a.workspace)
+    mount = _mount_of(a.directory or ".")
     top = _control(mount, "snapshots")
     if a.name is None:
         for name in sorted(os.listdir(top)):
@@ -347,7 +478,7 @@ def cmd_snapshot(a: argparse.Namespace) -> int:
 
 
 def cmd_restore(a: argparse.Namespace) -> int:
-    mount = _mount_of(a.workspace)
+    mount = _mount_of(a.directory or ".")
     base = os.path.realpath(mount)
     paths = []
     for p in a.paths:
@@ -366,14 +497,17 @@ def cmd_gc(a: argparse.Namespace) -> int:
     from .objects import ObjectStore
     from .store import Store
 
-    path = os.path.realpath(a.path)
-    if path in rwfs_mounts() or any(path.startswith(m + os.sep) for m in rwfs_mounts()):
-        mount = _mount_of(path)
+    ws, mount_point = _workspace(a)
+    if mount_point is not None:
+        mount = mount_point
         _verb(mount, _control(mount, "ctl"), "gc")
         with open(_control(mount, "journal")) as f:
             done = [json.loads(line) for line in f if '"op": "gc"' in line][-1]
     else:
-        root, state, _ = _locate(path)
+        root, state, _ = locate(ws)
+        from .progress import Progress
+
+        bar = Progress()
         store = Store(os.path.join(state, "journal"))
         state_fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -381,9 +515,10 @@ def cmd_gc(a: argparse.Namespace) -> int:
                 store,
                 ObjectStore(state_fd),
                 policy_of(state_fd),
-                progress=lambda m: print(m, file=sys.stderr),
+                progress=bar,
             )
         finally:
+            bar.done()
             os.close(state_fd)
             store.close()
     print(f"gc: removed {done['removed']} objects, freed {done['freed_bytes']} bytes")
@@ -436,26 +571,93 @@ def cmd_doctor(a: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+EXIT_CODES = """exit status:
+  0  success
+  1  a problem found or an operation refused (one line on stderr says why)
+  2  a usage error"""
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not a positive number")
+    return n
+
+
+def _lsn(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an LSN (a whole number)") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is not an LSN (0 or more)")
+    return n
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="rwfs", description="journaled atomic-commit filesystem for workspaces"
+        prog="rwfs",
+        description="rwfs: a journaled, gated filesystem for workspaces. 'rwfs run -- COMMAND' "
+        "runs a program over the workspace as one undoable session; 'rwfs VERB --help' "
+        "explains each verb.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="verb", required=True)
-    m = sub.add_parser("mount", help="mount rwfs over WORKSPACE (or at MOUNTPOINT)")
-    m.add_argument("workspace")
-    m.add_argument("mountpoint", nargs="?")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    def verb(name: str, summary: str, more: str = "", codes: str = EXIT_CODES) -> Any:
+        v = sub.add_parser(
+            name,
+            help=summary,
+            description=summary + (f"\n\n{more}" if more else ""),
+            epilog=codes,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        return v
+
+    def where(v: Any, required: bool = False) -> None:
+        v.add_argument(
+            "-C",
+            dest="directory",
+            metavar="DIR",
+            help="the workspace: DIR or the workspace holding it (default: the one "
+            "holding the current directory)",
+        )
+
+    sub.add_parser(
+        "run",
+        help="run COMMAND over the mounted workspace as one undoable session",
+        add_help=False,
+    )
+    m = verb(
+        "mount",
+        "mount rwfs over WORKSPACE (or show WORKSPACE at MOUNTPOINT)",
+        "Returns once the mount is ready. A shell already inside WORKSPACE keeps seeing the "
+        "raw tree until it re-enters it ('cd .').",
+    )
+    m.add_argument("workspace", help="the directory to mount over")
+    m.add_argument("mountpoint", nargs="?", help="show the workspace here instead")
     m.add_argument(
         "-o",
         action="append",
         default=[],
         metavar="OPT",
-        help="mount options (allow_other, show_control, …)",
+        help="mount options (show_control, allow_other, other FUSE options)",
     )
     m.add_argument("--foreground", "-f", action="store_true", help="stay attached")
+    m.add_argument("--json", action="store_true", help="the recovery summary as JSON")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.set_defaults(fn=cmd_mount)
-    u = sub.add_parser("umount", help="unmount and wait for the daemon to finish its commits")
-    u.add_argument("mountpoint")
+    u = verb(
+        "umount",
+        "unmount and wait for the daemon to finish its commits",
+        "A busy mount is named with the processes holding it; --lazy detaches it at once "
+        "and lets the daemon finish when the last of them leaves.",
+    )
+    u.add_argument("mountpoint", help="the mount point (the workspace, for a mount over it)")
     u.add_argument(
         "--wait",
         type=float,
@@ -464,56 +666,104 @@ def parser() -> argparse.ArgumentParser:
         help="while the journal cannot commit, retry this long before unmounting anyway "
         f"and failing with the count of commits left (default {UMOUNT_WAIT:.0f})",
     )
+    u.add_argument("--lazy", "-z", action="store_true", help="detach now even if processes use it")
     u.set_defaults(fn=cmd_umount)
-    s = sub.add_parser("status", help="the workspace's state")
-    s.add_argument("path", nargs="?", default=".")
-    s.add_argument("--json", action="store_true")
+    s = verb("status", "the workspace's state: counts, journal, open batches and sessions")
+    s.add_argument(
+        "dir_pos", nargs="?", metavar="DIR", help="a directory in the workspace (same as -C)"
+    )
+    where(s)
+    s.add_argument("--json", action="store_true", help="one JSON object")
     s.set_defaults(fn=cmd_status)
-    lg = sub.add_parser("log", help="journal events, newest last")
-    lg.add_argument("path", nargs="?", help="only events of this path")
-    lg.add_argument("--workspace", "-C", default=".", help="workspace or mount (default: .)")
-    lg.add_argument("--last", type=int, default=None, help="only the N newest events")
-    lg.add_argument("--json", action="store_true")
+    lg = verb(
+        "log",
+        "journal events, oldest first",
+        "PATH (relative to the current directory) limits the output to the events of that "
+        "file; paths are shown relative to the workspace's top. --follow keeps printing "
+        "new events as they are committed, like tail -f.",
+    )
+    lg.add_argument("path", nargs="?", help="only the events of this file or directory")
+    where(lg)
+    lg.add_argument("--last", type=_positive, default=None, metavar="N", help="only the N newest")
+    lg.add_argument("--since", type=_lsn, default=0, metavar="LSN", help="only after LSN")
+    lg.add_argument("--follow", "-f", action="store_true", help="wait for new events")
+    lg.add_argument("--json", action="store_true", help="one JSON event per line")
     lg.set_defaults(fn=cmd_log)
-    f = sub.add_parser("fsck", help="check the journal and objects against the tree")
-    f.add_argument("path", nargs="?", default=".")
+    f = verb(
+        "fsck",
+        "check the journal and objects against the tree",
+        codes=EXIT_CODES.replace("a problem found", "drift found"),
+    )
+    f.add_argument(
+        "dir_pos", nargs="?", metavar="DIR", help="a directory in the workspace (same as -C)"
+    )
+    where(f)
     f.set_defaults(fn=cmd_fsck)
-    d = sub.add_parser("doctor", help="say what this machine lacks for rwfs")
+    d = verb(
+        "doctor",
+        "say what this machine lacks for rwfs",
+        codes=EXIT_CODES.replace("a problem found or an operation refused", "something missing"),
+    )
     d.set_defaults(fn=cmd_doctor)
-    b = sub.add_parser("batch", help="open, inspect, commit or abort an explicit batch")
+    b = verb(
+        "batch",
+        "open, inspect, commit or abort an explicit batch",
+        "begin NAME opens it (its writes are held); commit writes them all at once or none; "
+        "abort drops them; status [NAME] and diff NAME show it; resume and rollback settle "
+        "a batch a crash interrupted.",
+    )
     b.add_argument(
         "action", choices=("begin", "commit", "abort", "status", "diff", "resume", "rollback")
     )
     b.add_argument("name", nargs="?", help="the batch (status without one lists them all)")
     b.add_argument("--scope", choices=("all", "uid", "session"), help="with begin: whose writes")
-    b.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
+    b.add_argument("--json", action="store_true", help="status without NAME: JSON lines")
+    where(b)
     b.set_defaults(fn=cmd_batch)
-    c = sub.add_parser("conflicts", help="list, show or resolve conflicts")
+    c = verb("conflicts", "list, show or resolve conflicts")
     c.add_argument("action", nargs="?", choices=("show", "resolve"))
     c.add_argument("id", nargs="?", help="the conflict's id (as listed)")
     c.add_argument("how", nargs="?", choices=("keep-actual", "take-intended", "resolved"))
     c.add_argument("--json", action="store_true", help="list as JSON lines")
-    c.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
+    where(c)
     c.set_defaults(fn=cmd_conflicts)
-    un = sub.add_parser("undo", help="undo a batch (digest-guarded; itself a batch)")
-    un.add_argument("batch")
-    un.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
+    un = verb(
+        "undo",
+        "undo a batch or an 'rwfs run' session (digest-guarded; itself a batch)",
+        "The undo is the batch undo-NAME: 'rwfs undo undo-NAME' redoes.",
+    )
+    un.add_argument("batch", metavar="NAME", help="a batch, or a session (run-N)")
+    where(un)
     un.set_defaults(fn=cmd_undo)
-    sn = sub.add_parser("snapshot", help="name the current point (no name: list snapshots)")
+    sn = verb("snapshot", "name the current point of the journal (no name: list them)")
     sn.add_argument("name", nargs="?")
-    sn.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
+    where(sn)
     sn.set_defaults(fn=cmd_snapshot)
-    rs = sub.add_parser("restore", help="bring the tree (or PATHs) back to a snapshot")
-    rs.add_argument("name")
-    rs.add_argument("paths", nargs="*")
-    rs.add_argument("--workspace", "-C", default=".", help="a path in the mount (default: .)")
+    rs = verb("restore", "bring the tree (or PATHs, relative to the cwd) back to a snapshot")
+    rs.add_argument("name", help="the snapshot")
+    rs.add_argument("paths", nargs="*", metavar="PATH")
+    where(rs)
     rs.set_defaults(fn=cmd_restore)
-    g = sub.add_parser("gc", help="remove objects no history, snapshot or conflict needs")
-    g.add_argument("path", nargs="?", default=".")
+    g = verb("gc", "remove objects no history, snapshot or conflict needs")
+    g.add_argument(
+        "dir_pos", nargs="?", metavar="DIR", help="a directory in the workspace (same as -C)"
+    )
+    where(g)
     g.set_defaults(fn=cmd_gc)
-    am = sub.add_parser("agents-md", help="print a paragraph for AGENTS.md / CLAUDE.md")
+    am = verb("agents-md", "print a paragraph for AGENTS.md / CLAUDE.md")
     am.set_defaults(fn=cmd_agents_md)
     return p
+
+
+def _usage_of(argv: list[str]) -> str:
+    """The usage line of the verb in ``argv``, for a usage error found after parsing."""
+    p = parser()
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub = action.choices.get(argv[0]) if argv else None
+            if sub is not None:
+                return str(sub.format_usage())
+    return str(p.format_usage())
 
 
 def main(args: list[str] | None = None) -> int:
@@ -521,15 +771,42 @@ def main(args: list[str] | None = None) -> int:
     # would stop a strict stdout, the default in a UTF-8 locale other than C.UTF-8.
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="surrogateescape")
-    a = parser().parse_args(args)
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["run"]:
+        from .run import cmd_run, parse_run
+
+        a = parse_run(argv[1:])
+        a.fn = cmd_run
+    else:
+        a = parser().parse_args(argv)
     try:
-        return int(a.fn(a))
+        code = int(a.fn(a))
+        sys.stdout.flush()  # (here, so that a closed pipe is seen below)
+        return code
+    except BrokenPipeError:
+        # The reader went away (rwfs log | head -1): stop quietly, as git does.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
+    except KeyboardInterrupt:
+        return 130  # (rwfs log --follow ended with Ctrl-C)
     except QuietError as exc:
+        if exc.code == 2:
+            usage = _usage_of(argv)
+            if usage:
+                print(usage, file=sys.stderr, end="")
         print(f"rwfs: {exc}", file=sys.stderr)
         return exc.code
     except OSError as exc:
         print(f"rwfs: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
         return 1
+    finally:
+        while _TEMPORARY:
+            try:
+                umount(_TEMPORARY.pop())
+            except QuietError as exc:
+                print(f"rwfs: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

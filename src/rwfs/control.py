@@ -29,6 +29,7 @@ from .batches import modes_at
 from .history import History, Version
 from .objects import open_regular
 from .policy import Policy, PolicyError
+from .sessions import Sessions
 from .store import now_iso, plain_name
 from .workspace import RwfsError, Workspace
 
@@ -230,6 +231,8 @@ class Control:
         HistoryViews(self, self.history_dir, b"")
         self.snapshots = SnapshotViews(self, self.mkdir(self.root, b"snapshots"))
         self.verbs["undo"] = self._undo
+        self.sessions = Sessions()
+        self.verbs["session"] = self._session
         self.verbs["restore"] = self._restore
         self.verbs["gc"] = self._gc
         for layer in (scratch, chunks, handoff):  # the paper's other layers (SPEC §8)
@@ -454,6 +457,11 @@ class Control:
                 "queued": self.ws.queued,
             },
             "last_lsn": self.ws.store.meta_int(b"lsn"),
+            # Who is capturing writes right now: open batches and run sessions.
+            "open_batch": [
+                self.batches.summary(b) for b in self.batches.all.values() if b.state == "open"
+            ],
+            "sessions": self._sessions(),
             "journal_bytes": self.ws.store.size_bytes(),
             "journal_ok": self.ws.journal_ok,
             # Whether LMDB commits, since when it does not, and the commits it still owes.
@@ -462,6 +470,10 @@ class Control:
             "unsettled": self.ws.recovery_left,
             **{key: fn() for key, fn in self.live.items()},
         }
+
+    def _sessions(self) -> list[dict[str, Any]]:
+        self.sessions.reap()
+        return [s.view() for s in self.sessions.active.values()]
 
     def _notices(self) -> bytes:
         return b"".join(json.dumps(n).encode() + b"\n" for n in self.ws.store.notices())
@@ -472,14 +484,20 @@ class Control:
 
     async def _undo(self, args: list[str], who: dict[str, Any]) -> None:
         if len(args) != 1:
-            raise _verb_error("undo takes one batch name: write 'undo NAME'.")
+            raise _verb_error("undo takes one batch or session name: write 'undo NAME'.")
         await self.ws.sync()  # the journal holds every acknowledged write
-        # Reads the whole journal: off the event loop.
-        changes = await trio.to_thread.run_sync(self.batches.changes_of, args[0])
+        # A batch's name first (an explicit batch, or a batch of one: auto-N); otherwise a
+        # run session's (sessions.py): all its events. Reads the whole journal: off the
+        # event loop.
+        key = "batch"
+        changes = await trio.to_thread.run_sync(self.batches.changes_of, args[0], key)
+        if not changes and args[0] not in self.batches.all:
+            key = "session"
+            changes = await trio.to_thread.run_sync(self.batches.changes_of, args[0], key)
         if not changes:
             raise _verb_error(
-                f"Nothing was undone: the journal has no change by batch {args[0]!r} "
-                "(batch names are in .rw/journal and .rw/batches/)."
+                f"Nothing was undone: the journal has no change by batch or session "
+                f"{args[0]!r} (their names are in .rw/journal and .rw/batches/)."
             )
         undone = self.batches.undone_by(args[0])
         if undone is not None:  # again, it would write the before-bytes over themselves
@@ -489,9 +507,43 @@ class Control:
             )
         await trio.to_thread.run_sync(self._keep_targets, changes)
         modes = await trio.to_thread.run_sync(
-            lambda: modes_at(self.ws.store.events(), batch=args[0])
+            lambda: modes_at(self.ws.store.events(), batch=args[0], key=key)
         )
         await self.batches.replay(f"undo-{args[0]}"[:64], changes, who, undoes=args[0], modes=modes)
+
+    async def _session(self, args: list[str], who: dict[str, Any]) -> None:
+        """``session begin``: the writer of the verb (``rwfs run``) opens a run session
+        over its descendants; ``session end NAME [STATUS]`` closes it (sessions.py)."""
+        if args == ["begin"]:
+            await self.ws.sync()  # the begin event's LSN follows every write acknowledged
+
+            def begin(txn: Any) -> tuple[int, str]:
+                lsn = txn.next_lsn()
+                name, n = f"run-{lsn}", 1
+                while name in self.batches.all or name in self.sessions.active:
+                    n += 1
+                    name = f"run-{lsn}-{n}"
+                event = {"op": "session", "path": None, "state": "begun", "session": name}
+                txn.append_event({**event, **{k: who[k] for k in ("pid", "comm", "uid")}})
+                return lsn, name
+
+            lsn, name = await trio.to_thread.run_sync(self.ws.store.write, begin)
+            self.sessions.begin(name, int(who["pid"]), lsn, int(who["uid"]), {})
+            return
+        mine = args[1:2] and self.sessions.active.get(args[1])
+        if len(args) in (2, 3) and args[0] == "end" and mine and who["uid"] in (mine.uid, 0):
+            status = int(args[2]) if len(args) == 3 and args[2].lstrip("-").isdigit() else None
+            await self.ws.sync()  # every write of the session is journaled before its end
+            self.sessions.end(args[1])
+            event: dict[str, Any] = {"op": "session", "path": None, "state": "ended"}
+            event["session"] = args[1]
+            event |= {"exit": status, **{k: who[k] for k in ("pid", "comm", "uid")}}
+            await trio.to_thread.run_sync(self.ws.store.write, lambda txn: txn.append_event(event))
+            return
+        raise _verb_error(
+            "Nothing was done: write 'session begin' (from the process whose descendants "
+            "make the session) or 'session end NAME [STATUS]' for an open session."
+        )
 
     async def _restore(self, args: list[str], who: dict[str, Any]) -> None:
         if not args:

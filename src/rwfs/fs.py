@@ -466,7 +466,8 @@ class Operations(pyfuse3.Operations):
             if len(self._procs) > 4096:
                 self._procs.clear()
             hit = self._procs[pid] = (tgid, comm)
-        return {"pid": hit[0], "comm": hit[1], "uid": ctx.uid}
+        # (the thread's own pid: its ancestry is read afresh, see sessions.py)
+        return {"pid": hit[0], "comm": hit[1], "uid": ctx.uid, **self.control.sessions.tag(pid)}
 
     def _event(self, ctx: Any, op: str, path: bytes, extra: dict[str, Any]) -> dict[str, Any]:
         ev = {"op": op, "path": fsdecode(path), "batch": None, **extra, **self._who(ctx)}
@@ -1018,7 +1019,7 @@ class Operations(pyfuse3.Operations):
             assert isinstance(node, CDir)
             if node.settle:
                 await self.ws.sync()
-            return self._fh(DirHandle(None, [b".", b"..", *self.control.listing(node)], node=node))
+            return self._fh(DirHandle(None, self.control.listing(node), node=node))
         i = self._inode(inode)
         # The kernel keeps the listing (CACHE_DIR) until the directory changes: through the
         # mount, or by rwfs itself (_tree_changed).
@@ -1047,7 +1048,7 @@ class Operations(pyfuse3.Operations):
             assert isinstance(node, CDir)
             if node.settle:
                 await self.ws.sync()
-            h = DirHandle(None, [b".", b"..", *self.control.listing(node)], node=node)
+            h = DirHandle(None, self.control.listing(node), node=node)
         else:
             h = self._dir_handle(self._inode(ino))
         self._listings[ino] = h
@@ -1087,17 +1088,20 @@ class Operations(pyfuse3.Operations):
         h = await self._dir(fh, start_id)
         if h.entries is None:
             assert h.inode is not None
-            h.entries = [b".", b"..", *self._list(h.inode, h.fd)]
-        for idx in range(start_id, len(h.entries)):
-            name = h.entries[idx]
-            if name in (b".", b".."):
-                # As every POSIX directory lists them (the kernel takes no lookup of them).
-                # They also keep a listing from being empty: the kernel cannot drop the
-                # cached listing of a directory that had no entries (KernelCache).
-                attr = self._dot_attr(h, name)
-                if attr is not None and not pyfuse3.readdir_reply(token, name, attr, idx + 1):
+            h.entries = self._list(h.inode, h.fd)
+        # Offsets 0 and 1 are "." and "..", as in every POSIX listing (no lookup count:
+        # the kernel makes no dentry of them); the names follow from offset 2. They also
+        # keep a listing from being empty: the kernel cannot drop a cached listing that
+        # has no entries (after a batch's abort, say), having no page of it to drop.
+        for idx in range(start_id, len(h.entries) + 2):
+            if idx < 2:
+                attr = self._dot_attr(h, idx == 1)
+                if attr is not None and not pyfuse3.readdir_reply(
+                    token, b".." if idx else b".", attr, idx + 1
+                ):
                     return
                 continue
+            name = h.entries[idx - 2]
             if h.node is not None:
                 node = h.node.children.get(name)
                 if node is None:
@@ -1139,21 +1143,21 @@ class Operations(pyfuse3.Operations):
             inode.lookups += 1
         self._listed(kernelflags.dir_inode(fh))  # the whole listing went out
 
-    def _dot_attr(self, h: DirHandle, name: bytes) -> pyfuse3.EntryAttributes | None:
-        """The attributes ``.`` or ``..`` of a listing show: the directory's own, or its
-        parent's where the mount knows it."""
+    def _dot_attr(self, h: DirHandle, parent: bool) -> pyfuse3.EntryAttributes | None:
+        """The attributes listed for "." (or ".."): the directory's own, with its parent's
+        inode number for "..". (Never a lookup of ".." in the raw tree: from the top of
+        the workspace it would cross into this very mount and wait on itself. The kernel
+        uses only the number of these entries.)"""
         if h.node is not None:
             return self._control_attr(h.node)
-        assert h.inode is not None
         i = h.inode
-        if name == b".." and i.paths and i.ino != ROOT:
-            parent = self.inodes.by_path.get(i.path.rpartition(b"/")[0])
-            if parent is not None:
-                i = parent
-        try:
-            return self._attr(i.ino, self._stat(i))
-        except OSError:  # removed meanwhile: the listing's own descriptor still answers
-            return self._attr(i.ino, os.fstat(h.fd)) if h.fd >= 0 else None
+        if i is None or h.fd < 0:
+            return None  # (a directory removed meanwhile: nothing to list)
+        ino = i.ino
+        if parent and i.ino != ROOT:
+            up = self.inodes.by_path.get(os.path.dirname(i.path))
+            ino = up.ino if up is not None else ino
+        return self._attr(ino, os.fstat(h.fd))
 
     @_guard(quiet=True)
     async def releasedir(self, fh: int) -> None:

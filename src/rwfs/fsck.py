@@ -125,7 +125,13 @@ def _journaled(policy: Policy, path: bytes, st: os.stat_result) -> bool:
 
 
 def main_fsck(root: str, state: str) -> int:
-    problems = fsck(root, state, progress=lambda m: print(m, file=sys.stderr))
+    from .progress import Progress
+
+    bar = Progress()
+    try:
+        problems = fsck(root, state, progress=bar)
+    finally:
+        bar.done()
     for p in problems:
         print(p)
     if problems:

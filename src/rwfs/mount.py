@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -34,6 +35,19 @@ log = logging.getLogger("rwfs")
 
 STATE_MARK = b"rwfs-state"
 OUR_OPTIONS = {"show_control"}
+# Mount options libfuse 3 and the kernel know (mount.fuse3(8), fuse(8)): an option not
+# among them is named when a mount fails.
+FUSE_OPTIONS = {
+    "allow_other", "allow_root", "auto_unmount", "default_permissions", "fsname",
+    "subtype", "max_read", "blkdev", "blksize", "ro", "rw", "nosuid", "suid", "nodev",
+    "dev", "noexec", "exec", "noatime", "atime", "relatime", "norelatime", "strictatime",
+    "nostrictatime", "sync", "async", "dirsync", "context", "fscontext", "defcontext",
+    "rootcontext", "debug", "kernel_cache", "auto_cache", "noauto_cache", "umask", "uid",
+    "gid", "entry_timeout", "negative_timeout", "attr_timeout", "ac_attr_timeout",
+    "noforget", "remember", "modules", "max_write", "max_readahead", "async_read",
+    "sync_read", "writeback_cache", "no_writeback_cache", "clone_fd", "max_idle_threads",
+    "max_threads", "nonempty", "lazytime", "nolazytime",
+}  # fmt: skip
 # How long ``rwfs umount`` retries a journal that cannot commit before it unmounts anyway
 # and reports the commits left to the next mount.
 UMOUNT_WAIT = 30.0
@@ -108,6 +122,19 @@ def open_state(workspace_fd: int, create: bool) -> int:
     return fd
 
 
+def _leave(mountpoint: str) -> None:
+    """Keep the daemon's own lookups off the mount: once it is mounted, a path under it
+    would call into the daemon itself and deadlock (SPEC §1 pitfalls). Its working
+    directory goes to ``/``; a first ``sys.path`` entry under the mount point (``python -m``
+    puts the working directory there) is dropped, else a module imported lazily later
+    would be looked up through the mount."""
+    inside = mountpoint.rstrip("/") + "/"
+    first = os.path.realpath(sys.path[0] or ".") if sys.path else ""
+    if first == mountpoint or first.startswith(inside):
+        del sys.path[0]
+    os.chdir("/")
+
+
 def load_policy(state_fd: int) -> Policy:
     try:
         fd = os.open(b"policy.toml", os.O_RDONLY, dir_fd=state_fd)
@@ -121,7 +148,13 @@ def load_policy(state_fd: int) -> Policy:
         raise QuietError(f".rw/policy.toml: {exc}") from None
 
 
-def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | None) -> None:
+def serve(
+    workspace: str,
+    mountpoint: str,
+    options: set[str],
+    ready_fd: int | None,
+    as_json: bool = False,
+) -> None:
     """Run the daemon in the foreground until the mount goes away."""
     try:
         faults.arm()
@@ -136,10 +169,17 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
     os.umask(0)
     workspace = os.path.realpath(workspace)
     mountpoint = os.path.realpath(mountpoint)
-    if workspace in rwfs_mounts() or mountpoint in rwfs_mounts():
-        raise QuietError(f"{mountpoint} is already an rwfs mount; a second mount is refused")
+    for point in {workspace, mountpoint} & set(rwfs_mounts()):
+        if dead(point):
+            raise QuietError(
+                f"{point} is a dead rwfs mount: its daemon is gone. Clear it with "
+                f"'rwfs umount {point}', then mount again"
+            )
+        raise QuietError(f"{point} is already an rwfs mount; a second mount is refused")
     refuse_nesting(workspace, mountpoint)
+    _leave(mountpoint)
     root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    fresh = not os.path.lexists(os.path.join(workspace, ".rw"))
     state_fd = open_state(root_fd, create=True)
     lock_fd = os.open(b"lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=state_fd)
     try:
@@ -150,15 +190,24 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
     store = Store(f"/proc/self/fd/{state_fd}/journal")
     ws = Workspace(root_fd, state_fd, store, policy)
     batches = Batches(ws)
+    from .progress import Progress
+
+    bar = Progress()
     try:
-        summary = recover(ws, batches, progress=lambda m: print(m, file=sys.stderr, flush=True))
+        summary = recover(ws, batches, progress=bar)
     except JournalUnavailable as exc:  # LMDB commits nothing at all: nothing to serve on
+        bar.done()
         raise QuietError(
             f"recovery could not write the journal ({exc}): free disk space or fix the "
             "device, then mount again (recovery goes on where it stopped)"
         ) from None
+    bar.done()
     if any(summary.values()):
-        print(f"rwfs: recovered: {summary}", file=sys.stderr, flush=True)
+        if as_json:
+            print(json.dumps({"recovered": summary}), file=sys.stderr, flush=True)
+        else:
+            done = ", ".join(f"{v} {k}" for k, v in summary.items() if v)
+            print(f"rwfs: recovered: {done}", file=sys.stderr, flush=True)
     ws.open_intents()
     overmount = workspace == mountpoint
     info: dict[str, Any] = {
@@ -181,6 +230,17 @@ def serve(workspace: str, mountpoint: str, options: set[str], ready_fd: int | No
     try:
         pyfuse3.init(ops, mountpoint, fuse_opts)
     except RuntimeError as exc:
+        store.close()
+        if fresh:  # a failed first mount leaves nothing behind
+            import shutil
+
+            shutil.rmtree(os.path.join(workspace, ".rw"), ignore_errors=True)
+        unknown = sorted(o for o in options - OUR_OPTIONS if o.split("=")[0] not in FUSE_OPTIONS)
+        if unknown:
+            raise QuietError(
+                f"mounting {mountpoint} failed: FUSE does not know the mount option(s) "
+                f"{', '.join(unknown)}; nothing was mounted"
+            ) from None
         raise QuietError(f"mounting {mountpoint} failed: {exc} (try 'rwfs doctor')") from None
     if ready_fd is not None:
         os.write(ready_fd, b"ok\n")
@@ -223,14 +283,18 @@ def _quiet_stdio(state_fd: int) -> None:
     os.close(devnull)
 
 
-def spawn(workspace: str, mountpoint: str, options: list[str]) -> None:
+def spawn(workspace: str, mountpoint: str, options: list[str], as_json: bool = False) -> None:
     """Start the daemon in the background; return once the mount is ready or failed."""
     rfd, wfd = os.pipe()
     cmd = [sys.executable, "-m", "rwfs.cli", "mount", "--foreground", "--ready-fd", str(wfd)]
+    cmd += ["--json"] if as_json else []
     for o in options:
         cmd += ["-o", o]
-    cmd += [workspace, mountpoint]
-    proc = subprocess.Popen(cmd, pass_fds=[wfd], start_new_session=True, stdin=subprocess.DEVNULL)
+    cmd += [os.path.abspath(workspace), os.path.abspath(mountpoint)]
+    # (cwd "/": the daemon must not resolve anything through its own mount, see _leave)
+    proc = subprocess.Popen(
+        cmd, pass_fds=[wfd], start_new_session=True, stdin=subprocess.DEVNULL, cwd="/"
+    )
     os.close(wfd)
     with os.fdopen(rfd, "rb") as r:
         answer = r.read(3)
@@ -239,7 +303,63 @@ def spawn(workspace: str, mountpoint: str, options: list[str]) -> None:
         raise QuietError(f"the mount failed (daemon exit {code}); see the message above")
 
 
-def umount(mountpoint: str, timeout: float = 60.0, wait: float = UMOUNT_WAIT) -> None:
+def dead(point: str) -> bool:
+    """Is this mount's daemon gone (ENOTCONN)?"""
+    try:
+        os.stat(point)
+    except OSError as exc:
+        return exc.errno == errno.ENOTCONN
+    return False
+
+
+def holders(point: str, daemon: int = 0) -> list[str]:
+    """The processes using a mount (``fuser -m``): "PID (COMM): how" for each one whose
+    working directory, root or an open file is on it."""
+    try:
+        dev = os.stat(point).st_dev
+    except OSError:
+        return []
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (os.getpid(), daemon):
+            continue
+        how = []
+        for what, link in (("cwd", "cwd"), ("root", "root")):
+            try:
+                if os.stat(f"/proc/{name}/{link}").st_dev == dev:
+                    how.append(
+                        f"its working directory {os.readlink(f'/proc/{name}/{link}')}"
+                        if what == "cwd"
+                        else "its root"
+                    )
+            except OSError:
+                pass
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            fds = []
+        opened = 0
+        for fd in fds:
+            try:
+                if os.stat(f"/proc/{name}/fd/{fd}").st_dev == dev:
+                    opened += 1
+            except OSError:
+                pass
+        if opened:
+            how.append(f"{opened} open file(s)")
+        if how:
+            try:
+                with open(f"/proc/{name}/comm") as f:
+                    comm = f.read().strip()
+            except OSError:
+                comm = "?"
+            found.append(f"{name} ({comm}): {', '.join(how)}")
+    return found
+
+
+def umount(
+    mountpoint: str, timeout: float = 60.0, wait: float = UMOUNT_WAIT, lazy: bool = False
+) -> None:
     """Unmount, and say so only once every acknowledged commit is in the journal.
 
     First the queued commits are made durable (``sync``). While the journal cannot commit,
@@ -250,6 +370,14 @@ def umount(mountpoint: str, timeout: float = 60.0, wait: float = UMOUNT_WAIT) ->
     mountpoint = os.path.realpath(mountpoint)
     if mountpoint not in rwfs_mounts():
         raise QuietError(f"{mountpoint} is not an rwfs mount")
+    if dead(mountpoint):  # nothing to wait for: clear it
+        res = subprocess.run(
+            ["fusermount3", "-u", "-z", mountpoint], capture_output=True, text=True
+        )
+        if res.returncode != 0:
+            raise QuietError(f"clearing the dead mount {mountpoint} failed: {res.stderr.strip()}")
+        print(f"rwfs: cleared {mountpoint}, a mount whose daemon was gone", file=sys.stderr)
+        return
     status = mount_status(mountpoint)
     pid = int(status.get("pid", 0))
     workspace = str(status.get("workspace", ""))
@@ -276,9 +404,26 @@ def umount(mountpoint: str, timeout: float = 60.0, wait: float = UMOUNT_WAIT) ->
             )
             time.sleep(min(1.0, left))
     status = mount_status(mountpoint) or status  # for the message below, if commits are left
-    res = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
+    busy = holders(mountpoint, pid) if lazy else []
+    cmd = ["fusermount3", "-u", *(["-z"] if lazy else []), mountpoint]
+    res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
+        if "busy" in res.stderr:
+            held = holders(mountpoint, pid)
+            by = "; ".join(held) if held else "processes this user cannot see"
+            raise QuietError(
+                f"{mountpoint} is busy, so it stays mounted: in use by {by}. Leave it "
+                "(cd elsewhere) or close those files, or detach it now with "
+                f"'rwfs umount --lazy {mountpoint}' (the daemon finishes when they leave)"
+            )
         raise QuietError(f"unmounting {mountpoint} failed: {res.stderr.strip()}")
+    if busy:
+        print(
+            f"rwfs: {mountpoint} is detached; its daemon finishes its commits once these "
+            f"leave it: {'; '.join(busy)}",
+            file=sys.stderr,
+        )
+        return
     deadline = time.monotonic() + timeout
     while pid and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         if _is_zombie(pid):
@@ -354,3 +499,37 @@ def _is_zombie(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
     except (OSError, IndexError):
         return True
+
+
+def locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
+    """(raw tree, state dir, status-if-mounted) for a workspace or mount path."""
+    path = os.path.realpath(path)
+    if path in rwfs_mounts() and dead(path):
+        raise QuietError(
+            f"{path} is a dead rwfs mount: its daemon is gone. Clear it with "
+            f"'rwfs umount {path}' (then mount again)"
+        )
+    if path in rwfs_mounts():
+        # Make every queued commit durable first, so the journal read below is current.
+        try:
+            with open(os.path.join(path, ".rw", "ctl"), "w") as f:
+                f.write("sync\n")
+        except OSError as exc:
+            # The journal cannot commit (EIO): what it holds is read as it is, and
+            # `status` says why (its `journal` entry).
+            print(
+                f"rwfs: the queued commits could not be made durable ({exc.strerror}); "
+                "see the journal entry of 'rwfs status'",
+                file=sys.stderr,
+            )
+        with open(os.path.join(path, ".rw", "status"), "rb") as f:
+            status = json.load(f)
+        pid = status["pid"]
+        # The daemon's own descriptors reach the raw tree under the mount.
+        return f"/proc/{pid}/fd/{status['root_fd']}", f"/proc/{pid}/fd/{status['state_fd']}", status
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.close(open_state(fd, create=False))
+    finally:
+        os.close(fd)
+    return path, os.path.join(path, ".rw"), None

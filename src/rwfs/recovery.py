@@ -168,7 +168,8 @@ def _replay_intents(
             log.drop(gen)
             continue
         records = log.records(gen)
-        say(f"recovery: intent log generation {gen}: {len(records)} records")
+        if records:  # (a clean mount says nothing)
+            say(f"recovery: intent log generation {gen}: {len(records)} records")
         owed, bad = _owed(ws, records, gen > prepared)
         applied_n, held = ws.store.write(_replay, ws, gen, max(prepared, gen), owed, bad)
         summary["intents"] += applied_n

@@ -14,7 +14,10 @@ values are listed here, and this docstring is the canonical reference for them.
                  ``b"count:<name>"`` → u64 counters shown in ``.rw/status``.
 ``events``     — u64 LSN (big-endian) → JSON event (SPEC §7.1), append-only; every event
                  has ``lsn``, ``ts``, ``op``, ``path`` and the ``EVENT_KEYS`` (null where
-                 they do not apply).
+                 they do not apply). An event written by a process of an ``rwfs run``
+                 session also has ``session`` (its name, sessions.py); ``op: "session"``
+                 events (``path`` null, ``state`` ``begun`` or ``ended``, ``exit``) mark
+                 where a session begins and ends.
 ``receipts``   — u64 receipt id → JSON receipt ``{id, batch, path, expected, intended,
                  state, stage, lsn, ts}``; ``state`` is ``prepared``, ``committed``,
                  ``conflict``, ``pending`` or ``aborted`` (an owed write an abort or a
@@ -172,7 +175,11 @@ class Txn:
 
     def append_event(self, event: dict[str, Any]) -> int:
         lsn = self._next(b"lsn")
-        event = {"lsn": lsn, "ts": event.pop("ts", None) or now_iso(), **event}
+        # ``ts`` never goes back in LSN order: an event that carries its operation's time
+        # (a create) may be recorded after one stamped at its group commit (a write).
+        ts = max(event.pop("ts", None) or now_iso(), self._s.last_ts(self._t))
+        self._s.newest_ts = ts
+        event = {"lsn": lsn, "ts": ts, **event}
         for key in EVENT_KEYS:  # every event has them, null where they do not apply
             event.setdefault(key, None)
         self._t.put(u64(lsn), json.dumps(event).encode(), db=self._s.db[b"events"])
@@ -350,6 +357,7 @@ class Store:
         )
         self.env.reader_check()
         self.max_key = self.env.max_key_size()
+        self.newest_ts: str | None = None  # (append_event: see last_ts)
         if readonly:
             self.db = {name: self.env.open_db(name, create=False) for name in _DBS}
             return
@@ -376,6 +384,13 @@ class Store:
             txn.set_meta_int(b"index:refused", 1)
 
         self.write(build)
+
+    def last_ts(self, txn: lmdb.Transaction) -> str:
+        """The ``ts`` of the newest event ("" for none), read once, then kept."""
+        if self.newest_ts is None:
+            cur = txn.cursor(db=self.db[b"events"])
+            self.newest_ts = json.loads(bytes(cur.value())).get("ts") or "" if cur.last() else ""
+        return self.newest_ts
 
     def close(self) -> None:
         self.env.close()

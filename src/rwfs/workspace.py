@@ -700,7 +700,7 @@ class Workspace:
                     "intended": intended,
                     "draft": draft_id,
                     "retry_budget": left,
-                    **{k: info[k] for k in ("pid", "comm", "uid") if k in info},
+                    **{k: info[k] for k in ("pid", "comm", "uid", "session") if k in info},
                 }
             )
         # The refusal's LSN, for the envelope: an agent can tell its own refusal from an
@@ -763,7 +763,7 @@ class Workspace:
                 "intended": intended,
                 "actual": shown,
                 "reason": "stale_write",
-                **{k: info[k] for k in ("pid", "comm", "uid") if k in info},
+                **{k: info[k] for k in ("pid", "comm", "uid", "session") if k in info},
             }
             lsn = txn.append_event(ev)
             for digest in {intended, read, shown} if batch else {intended}:
@@ -1593,7 +1593,7 @@ def record_commit(txn: Any, c: Commit) -> None:
         "expected": c.stage.expected,
         "intended": c.intended,
         "size": c.size,
-        **{k: c.info[k] for k in ("pid", "comm", "uid") if k in c.info},
+        **{k: c.info[k] for k in ("pid", "comm", "uid", "session") if k in c.info},
     }
     if c.info.get("warnings"):
         ev["warnings"] = c.info["warnings"]
