@@ -1,0 +1,129 @@
+"""The gates on a corpus of real files (tests/gate_corpus.py): failure variants made the
+way model output breaks are refused, legitimate edits pass (issue 15's targets: at least
+95% of each kind of failure refused, at most 1% of each kind of legitimate edit).
+
+In-process: ``rwfs.gates.check`` on bytes, a fixed seed and a bounded sample of the files
+this machine has. Sources that are absent are left out; the standard library is always
+there, so the test never skips.
+"""
+
+from __future__ import annotations
+
+import pytest
+from gate_corpus import (
+    DOTTED,
+    PHRASINGS,
+    SYNTAXES,
+    Case,
+    corpus,
+    evaluate,
+    refused,
+    sample,
+    table,
+)
+
+from rwfs import gates
+
+SEED, PER_GROUP = 15, 20
+FAILURES = {
+    "cut + newline",
+    "cut + blank line",
+    "cut + trailing spaces",
+    "cut + CRLF",
+    "cut + closing token",
+    "placeholder #",
+    'placeholder """"""',
+    "bare ... over a body",
+    "def ...:  # unchanged",
+    "90% of lines dropped",
+}
+LEGIT = {
+    "delete a function",
+    "add a function",
+    "rename",
+    "reformat (reindent)",
+    "comment with dots",
+    "protocol stub with ...",
+    "doctest with ...",
+    "CRLF conversion",
+    "rewrite entirely",
+    "append",
+    "small edit",
+}
+
+
+@pytest.fixture(scope="module")
+def cases() -> list[Case]:
+    return corpus(SEED, PER_GROUP)
+
+
+@pytest.fixture(scope="module")
+def results(cases: list[Case]) -> dict[tuple[bool, str], tuple[int, int, list[Case]]]:
+    return evaluate(cases)
+
+
+def _wrong(found: list[Case]) -> list[str]:
+    return [f"{c.kind}: {c.source}: {refused(c)}" for c in found[:5]]
+
+
+def test_the_corpus_has_every_kind(cases: list[Case]) -> None:
+    groups = {g for g, _, _ in sample(SEED, PER_GROUP)}
+    assert "stdlib" in groups  # the standard library is always there
+    kinds = {(c.bad, c.kind) for c in cases}
+    assert {(True, k) for k in FAILURES} <= kinds
+    assert {(False, k) for k in LEGIT} <= kinds
+    if "javascript" in groups:  # npm's sources, where installed
+        assert {(True, "placeholder //"), (True, "placeholder /* */")} <= kinds
+
+
+def test_failure_variants_are_refused(
+    results: dict[tuple[bool, str], tuple[int, int, list[Case]]],
+) -> None:
+    print("\n" + table(results))
+    low = {
+        kind: (r, n, _wrong(wrong))
+        for (bad, kind), (n, r, wrong) in results.items()
+        if bad and r < 0.95 * n
+    }
+    assert low == {}
+    n = sum(n for (bad, _), (n, _, _) in results.items() if bad)
+    r = sum(r for (bad, _), (_, r, _) in results.items() if bad)
+    assert r >= 0.95 * n
+
+
+def test_legitimate_edits_pass(
+    results: dict[tuple[bool, str], tuple[int, int, list[Case]]],
+) -> None:
+    high = {
+        kind: (r, n, _wrong(wrong))
+        for (bad, kind), (n, r, wrong) in results.items()
+        if not bad and r > 0.01 * n
+    }
+    assert high == {}
+
+
+@pytest.mark.parametrize("syntax", sorted({s for ss in SYNTAXES.values() for s in ss}))
+def test_every_phrasing_in_every_comment_syntax_is_a_placeholder(syntax: str) -> None:
+    for phrase in PHRASINGS:
+        line = syntax.format(phrase).encode()
+        assert gates._marker(line) >= gates._WEAK, line
+
+
+def test_ordinary_comments_and_code_with_dots_are_not_placeholders() -> None:
+    for syntax in ("# {}", "// {}", "/* {} */", "<!-- {} -->"):
+        for text in DOTTED:
+            line = syntax.format(text).encode()
+            assert gates._marker(line) < gates._WEAK, line
+    for line in (
+        b"def f(self) -> int: ...",
+        b"x = y[..., 0]",
+        b"return foo(...)",
+        b"...options,",
+        b"]: ...",
+        b"print('rest of the file')",
+        b"rest_of_file = unchanged",
+        b"# Other helper functions",
+        b"// More tests",
+        b"# Deprecated helpers removed",
+    ):
+        assert gates._marker(line) < gates._WEAK, line
