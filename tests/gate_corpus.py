@@ -18,6 +18,7 @@ import random
 import re
 import sys
 import sysconfig
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -466,35 +467,41 @@ def refused(case: Case, config: Callable[[str, bytes], dict[str, Any]] | None = 
     return [f.gate for f in found if f.action == "reject"]
 
 
-def evaluate(cases: list[Case]) -> dict[tuple[bool, str], tuple[int, int, list[Case]]]:
-    """Per (bad, kind): (cases, refused, the cases judged wrongly)."""
-    out: dict[tuple[bool, str], tuple[int, int, list[Case]]] = {}
+Results = dict[tuple[bool, str], tuple[int, int, list[Case], Counter[str]]]
+
+
+def evaluate(cases: list[Case]) -> Results:
+    """Per (bad, kind): (cases, refused, the cases judged wrongly, how often each gate
+    refused)."""
+    out: Results = {}
     cfg = Policy().gate
     for c in cases:
-        n, r, wrong = out.get((c.bad, c.kind), (0, 0, []))
-        hit = bool(refused(c, cfg))
-        if hit != c.bad:
+        n, r, wrong, by = out.get((c.bad, c.kind), (0, 0, [], Counter()))
+        found = refused(c, cfg)
+        if bool(found) != c.bad:
             wrong = [*wrong, c]
-        out[(c.bad, c.kind)] = (n + 1, r + hit, wrong)
+        out[(c.bad, c.kind)] = (n + 1, r + bool(found), wrong, by + Counter(found))
     return out
 
 
-def table(results: dict[tuple[bool, str], tuple[int, int, list[Case]]]) -> str:
-    """The report: recall per failure kind, false refusals per legitimate kind."""
-    rows = ["kind                             cases  refused   rate"]
+def table(results: Results) -> str:
+    """The report: recall per failure kind, false refusals per legitimate kind, and the
+    gates that refused (a case can be refused by several)."""
+    rows = [f"{'kind':<26}{'cases':>6}{'refused':>8}{'rate':>8}   refused by"]
     for bad, title in (
         (True, "failure variants (recall)"),
         (False, "legitimate edits (false refusals)"),
     ):
         rows.append(f"-- {title}")
         total = hits = 0
-        for (b, kind), (n, r, _) in sorted(results.items()):
+        for (b, kind), (n, r, _, by) in sorted(results.items()):
             if b != bad:
                 continue
-            rows.append(f"{kind:<32}{n:>6}{r:>9}{100 * r / n:>7.1f}%")
+            gates_ = ", ".join(f"{g} {k}" for g, k in by.most_common())
+            rows.append(f"{kind:<26}{n:>6}{r:>8}{100 * r / n:>7.1f}%   {gates_}".rstrip())
             total, hits = total + n, hits + r
         if total:
-            rows.append(f"{'all':<32}{total:>6}{hits:>9}{100 * hits / total:>7.1f}%")
+            rows.append(f"{'all':<26}{total:>6}{hits:>8}{100 * hits / total:>7.1f}%")
     return "\n".join(rows)
 
 
