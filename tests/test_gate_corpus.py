@@ -128,3 +128,46 @@ def test_ordinary_comments_and_code_with_dots_are_not_placeholders() -> None:
         b"# Deprecated helpers removed",
     ):
         assert gates._marker(line) < gates._WEAK, line
+
+
+def _module(body: str) -> str:
+    helpers = "".join(f"def helper_{i}(x):\n    return x + {i}\n\n\n" for i in range(40))
+    return (
+        '"""A module.\n\n>>> f(1,\n...   2)\n3\n"""\n\n\n'
+        + helpers
+        + "def f(a, b):\n"
+        + body
+        + "\n\ndef g():\n    return helper_1(2)\n"
+    )
+
+
+BODY = "".join(f"    a = a + b * {i}\n" for i in range(14)) + "    return a\n"
+
+
+@pytest.mark.parametrize("rename", [False, True])
+def test_an_ellipsis_the_old_file_also_had_still_stands_for_code(rename: bool) -> None:
+    # The old file has a "..." line (a doctest's); the new one's "..." is a new one, also
+    # when the edit's changed span is long (a rename throughout the file).
+    old = _module(BODY).encode()
+    new = _module("    ...\n")
+    if rename:
+        new = new.replace("helper_", "aide_")
+    cfg = {"min_lines": 10, "mass_ratio": 0.5, "cut_ratio": 0.8}
+    found = gates.elision(old, new.encode(), cfg, b"m.py")
+    assert found is not None and found.details["signal"] == "ellipsis", found
+    # A "..." in a docstring is not one, even where the body was.
+    doc = _module('    """Sum.\n\n    >>> f(1, 2)\n    ...\n    """\n    return a\n')
+    assert gates.elision(old, doc.encode(), cfg, b"m.py") is None
+
+
+def test_docstrings_are_told_from_code() -> None:
+    src = (
+        b'x = 1\ns = """a\n...\n"""\nt = r\'"""\'\nu = 2  # """\n'
+        b'def f():\n    """doc\n    ...\n    """\n    ...\n'
+    )
+    lines = src.split(b"\n")
+    inside = [
+        gates._in_docstring(src, sum(len(x) + 1 for x in lines[:i])) for i in range(len(lines))
+    ]
+    at = {i for i, flag in enumerate(inside) if flag}
+    assert {2, 8} <= at and not at & {0, 1, 4, 5, 6, 7, 10}

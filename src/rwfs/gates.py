@@ -221,6 +221,13 @@ def _vocabulary(phrases: tuple[str, ...]) -> re.Pattern[str]:
 
 _STRICT = _vocabulary(PLACEHOLDER_PHRASES)
 _LOOSE = _vocabulary(LOOSE_PHRASES)
+# Every word a phrase can hold (a quick test before the phrases; numbers aside).
+_LEXICON = frozenset(
+    w
+    for text in (*PLACEHOLDER_WORDS.values(), PLACEHOLDER_PHRASES, LOOSE_PHRASES, (_VERB, _WHY))
+    for t in text
+    for w in re.findall("[a-z]+", t)
+)
 
 # A line that is a comment (or a string) and nothing else: the opener, the text, the closer.
 # The comment syntaxes of every format the syntax gate knows, and a few more (HTML, SQL,
@@ -239,6 +246,7 @@ _ELLIPSIS = re.compile(
     rb"(?:\.\.\.|\xe2\x80\xa6|\. \. \.)"
     rb"|[\[({<]\s*(?:\.\.\.|\xe2\x80\xa6)\s*[\])}>],?"
 )
+_OPENS = frozenset(b"{#/;*<-\"'rRbBuUfF")  # how a line of _WHOLE can begin
 _DOTS = re.compile(rb"\.\.\.|\xe2\x80\xa6|\. \. \.")
 _WORD = re.compile(r"[a-z0-9]+")
 _PASS = re.compile(rb"pass|return|\{\s*\}|\(\s*\)")
@@ -258,6 +266,8 @@ def _said(text: bytes, dots: bool) -> bool:
     if text.startswith(b"<") and text.endswith(b">"):
         text = text[1:-1].strip(_AROUND)
     words = _words(text)
+    if not all(w in _LEXICON or w.isdigit() for w in words.split()):
+        return False  # a word no phrase has
     return bool(words) and (
         _STRICT.fullmatch(words) is not None or (dots and _LOOSE.fullmatch(words) is not None)
     )
@@ -267,9 +277,9 @@ def _marker(line: bytes) -> int:
     """What a line (stripped) is to elision: _NONE, _LIKE, _WEAK or _STRONG."""
     if not line:
         return _NONE
-    dots = _DOTS.search(line) is not None
-    whole = _WHOLE.match(line)
-    if _ELLIPSIS.fullmatch(line):
+    dots = b"..." in line or b"\xe2\x80\xa6" in line or b". . ." in line
+    whole = _WHOLE.match(line) if line[0] in _OPENS else None
+    if dots and _ELLIPSIS.fullmatch(line):
         return _WEAK
     if whole is not None or _BARE.fullmatch(line):
         text = (whole.group(2) if whole is not None else line).strip(_AROUND)
@@ -280,7 +290,8 @@ def _marker(line: bytes) -> int:
             return _STRONG
         if comment:
             return _LIKE
-    trailing = _TRAILING.search(line)
+    commented = b"#" in line or b"//" in line or b"/*" in line
+    trailing = _TRAILING.search(line) if commented else None
     if trailing is not None:
         text = trailing.group(1).strip(_AROUND)
         if (not text and _DOTS.search(trailing.group(1))) or (text and _said(text, dots)):
@@ -373,9 +384,16 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     first = new.count(b"\n", 0, a)
     marks: list[tuple[int, int, bytes]] = []  # (line index in new, kind, line)
     offsets: dict[int, int] = {}  # where each of them begins in new
+    lines = region.split(b"\n")
+    # A long changed span (a rename throughout the file) is mostly lines the old file has:
+    # they stand for nothing, save an ellipsis (the old file's "..." can be a new one's).
+    known = {x.strip() for x in old.split(b"\n")} if len(lines) > _KNOWN_FROM else set()
     at = a
-    for n, raw in enumerate(region.split(b"\n"), first):
+    for n, raw in enumerate(lines, first):
         line = raw.strip()
+        if line in known and b"..." not in line and b"\xe2\x80\xa6" not in line:
+            at += len(raw) + 1
+            continue
         kind = _marker(line)
         if kind != _NONE:
             marks.append((n, kind, line))
@@ -487,6 +505,8 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     )
 
 
+# A changed span longer than this many lines is scanned only where its lines are new.
+_KNOWN_FROM = 64
 # An ellipsis counts as a placeholder where it stands for at least this many lines.
 _ELLIPSIS_LINES = 3
 # A new text that shares less than this part of its distinct lines (of _DISTINCT
