@@ -289,6 +289,13 @@ def failures(
             mark = _indent(lines[a]) + syntax.format(p)
             kind = "placeholder " + syntax.format("").replace("  ", " ").strip()
             yield kind, "\n".join(lines[:a] + [mark] + lines[b:])
+    # A model that writes only what it changed: a new function and a placeholder for
+    # the rest of the file, before or after it.
+    say = SYNTAXES[lang][0].format(PHRASINGS[(turn + 5) % len(PHRASINGS)])
+    if turn % 2:
+        yield "new code + placeholder", ADDED[lang] + "\n" + say + "\n"
+    else:
+        yield "new code + placeholder", say + "\n\n" + ADDED[lang]
     # Bodies of 12 lines or more that are not blank: the elision gate's min_lines (10)
     # is a count of lines of the old file that are gone.
     funcs = [

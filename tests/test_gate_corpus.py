@@ -37,6 +37,7 @@ FAILURES = {
     "bare ... over a body",
     "def ...:  # unchanged",
     "90% of lines dropped",
+    "new code + placeholder",
 }
 LEGIT = {
     "delete a function",

@@ -419,10 +419,13 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             {"line": n + 1, "lines_removed": removed, "signal": signal, **more},
         )
 
-    # A rewrite is new text, placeholders and all ("# ... and so on ..." in a table):
-    # a placeholder stands among lines kept from the old file.
+    # A rewrite is a text of its own, whose comments are its own ("# ... and so on ..." in
+    # a table): one that shares less than a quarter of its distinct lines with the old
+    # file, and has enough of them to be a file (a new function and "# ... existing
+    # code ..." is not one).
     distinct = {x for x in new_count if len(x) >= _DISTINCT}
-    if distinct and len(distinct & old_count.keys()) < _REWRITE_SHARE * len(distinct):
+    shared = len(distinct & old_count.keys())
+    if len(distinct) >= _REWRITE_LINES and shared < _REWRITE_SHARE * len(distinct):
         return None
     strong = [(n, line) for n, kind, line in marks if kind == _STRONG and line not in old_count]
     if strong:
@@ -509,9 +512,10 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
 _KNOWN_FROM = 64
 # An ellipsis counts as a placeholder where it stands for at least this many lines.
 _ELLIPSIS_LINES = 3
-# A new text that shares less than this part of its distinct lines (of _DISTINCT
-# characters or more) with the old one is a rewrite, not an elision.
+# A new text of at least _REWRITE_LINES distinct lines (of _DISTINCT characters or more)
+# that shares less than _REWRITE_SHARE of them with the old one is a rewrite.
 _REWRITE_SHARE = 0.25
+_REWRITE_LINES = 40
 _DISTINCT = 6
 
 
