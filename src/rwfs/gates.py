@@ -246,6 +246,7 @@ _ELLIPSIS = re.compile(
     rb"(?:\.\.\.|\xe2\x80\xa6|\. \. \.)"
     rb"|[\[({<]\s*(?:\.\.\.|\xe2\x80\xa6)\s*[\])}>],?"
 )
+_LONGEST = 400  # bytes: the longest line looked at as a placeholder
 _OPENS = frozenset(b"{#/;*<-\"'rRbBuUfF")  # how a line of _WHOLE can begin
 _DOTS = re.compile(rb"\.\.\.|\xe2\x80\xa6|\. \. \.")
 _WORD = re.compile(r"[a-z0-9]+")
@@ -275,8 +276,8 @@ def _said(text: bytes, dots: bool) -> bool:
 
 def _marker(line: bytes) -> int:
     """What a line (stripped) is to elision: _NONE, _LIKE, _WEAK or _STRONG."""
-    if not line:
-        return _NONE
+    if not line or len(line) > _LONGEST:
+        return _NONE  # a placeholder is a short line; a minified one is code
     dots = b"..." in line or b"\xe2\x80\xa6" in line or b". . ." in line
     whole = _WHOLE.match(line) if line[0] in _OPENS else None
     if dots and _ELLIPSIS.fullmatch(line):
