@@ -1,4 +1,10 @@
-"""Gate latency: p50/p99 of all gates on one commit, per format and file size.
+"""Gate recall and false refusals on a corpus of real files, then gate latency: p50/p99 of
+all gates on one commit, per format and file size.
+
+The corpus is tests/gate_corpus.py's (the one tests/test_gate_corpus.py checks): files of
+this machine's standard library, site-packages, npm and /usr/include, broken the way model
+output breaks (failure variants: the rate refused is the recall) and edited the way people
+edit (legitimate edits: the rate refused is the false-refusal rate), per variant kind.
 
 Each sample is one call of ``rwfs.gates.check`` as a commit makes it, in an edit session:
 each version changes one line of the one before (a digit in a different place), so that no
@@ -18,12 +24,16 @@ import argparse
 import inspect
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from rwfs import gates
 from rwfs.policy import Policy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import gate_corpus  # noqa: E402  (tests/, beside scripts/)
 
 # One unit of each format; repeated (with fresh names) to reach each size.
 UNITS = {
@@ -148,10 +158,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=100, help="calls per cell (100; 1 MB: a fifth)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--mount", action="store_true", help="time first edits through a mount")
+    ap.add_argument(
+        "--corpus-files", type=int, default=40, help="files per source group (40; 0: no corpus)"
+    )
+    ap.add_argument("--seed", type=int, default=15, help="the corpus's draw (15)")
     args = ap.parse_args(argv)
     if args.mount:
         through_mount(max(3, args.samples // 10))
         return 0
+    corpus = {}
+    if args.corpus_files:
+        t = time.perf_counter()
+        cases = gate_corpus.corpus(args.seed, args.corpus_files)
+        corpus = gate_corpus.evaluate(cases)
+        took = time.perf_counter() - t
+        if not args.json:
+            files = len({c.source for c in cases})
+            print(f"rwfs gates on a corpus: {len(cases)} cases from {files} real files")
+            print(f"(seed {args.seed}, {args.corpus_files} files per source group; {took:.0f} s)")
+            print(gate_corpus.table(corpus))
+            print("target: at least 95% of failures refused, at most 1% of legitimate edits\n")
     rows = {}
     for fmt in UNITS:
         for label, size in SIZES.items():
@@ -160,10 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(
             json.dumps(
-                [
-                    {"format": f, "size": s, "p50_ms": a, "p99_ms": b, "cold_ms": c}
-                    for (f, s), (a, b, c) in rows.items()
-                ]
+                {
+                    "latency": [
+                        {"format": f, "size": s, "p50_ms": a, "p99_ms": b, "cold_ms": c}
+                        for (f, s), (a, b, c) in rows.items()
+                    ],
+                    "corpus": [
+                        {"kind": k, "failure": bad, "cases": n, "refused": r}
+                        for (bad, k), (n, r, _, _) in sorted(corpus.items())
+                    ],
+                }
             )
         )
         return 0

@@ -10,6 +10,7 @@ import inspect
 import json
 import os
 import subprocess
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -72,6 +73,107 @@ def test_truncated_file_is_refused(mount: Mount, real: Path) -> None:
     assert err is not None and err.errno == errno.EBADMSG
     assert envelope(mount)["reason_hint"] == "truncation"
     assert real.read_text() == REAL
+
+
+WRAP = inspect.getsource(textwrap)  # a real module of about 500 lines, one long class
+
+
+def refused_by(m: Mount, path: Path, new: str, old: str) -> set[str]:
+    """Write ``new`` over ``path``: refused at close() with EBADMSG, the file unchanged;
+    the gates that refused it."""
+    err = write(path, new)
+    assert err is not None and err.errno == errno.EBADMSG
+    assert path.read_text() == old
+    env = envelope(m)
+    assert env["path"] == path.name and "unchanged" in env["message"]
+    return set(env["details"]["gates"])
+
+
+def test_half_a_file_with_a_final_newline_is_refused(mount: Mount, real: Path) -> None:
+    lines = REAL.split("\n")
+    half = len(lines) // 2
+    cut = "\n".join(lines[:half]) + "\n" + lines[half][: len(lines[half]) // 2]
+    for tail in ("\n", "\n\n", "   \n", "\n}\n", "\n# [truncated]\n"):
+        assert "truncation" in refused_by(mount, real, cut + tail, REAL)
+    crlf = (cut + "\n").replace("\n", "\r\n")
+    assert "truncation" in refused_by(mount, real, crlf, REAL)
+
+
+def test_a_placeholder_over_300_lines_is_refused(mount: Mount) -> None:
+    f = mount.path / "wrap.py"
+    f.write_text(WRAP)
+    lines = WRAP.split("\n")
+    first = next(i for i, x in enumerate(lines) if x.startswith("    def "))
+    end = lines.index("def dedent(text):") - 2  # the class's methods, wrap(), fill() ...
+    assert end - first > 300
+    new = lines[:first] + ["    # ... (code omitted for brevity) ..."] + lines[end:]
+    assert refused_by(mount, f, "\n".join(new), WRAP) == {"elision"}  # it parses
+
+
+def test_a_bare_ellipsis_over_a_function_body_is_refused(mount: Mount) -> None:
+    f = mount.path / "wrap.py"
+    f.write_text(WRAP)
+    lines = WRAP.split("\n")
+    start = lines.index("def dedent(text):")
+    end = lines.index("def indent(text, prefix, predicate=None):")
+    stubbed = lines[: start + 1] + ["    ..."] + lines[end - 2 :]
+    assert refused_by(mount, f, "\n".join(stubbed), WRAP) == {"elision"}
+    head = lines[start].replace(":", ":  # unchanged")
+    marked = lines[:start] + [head, "    ..."] + lines[end - 2 :]
+    assert refused_by(mount, f, "\n".join(marked), WRAP) == {"elision"}
+
+
+JS = """\
+'use strict'
+
+const { readFile } = require('node:fs/promises')
+
+async function load (path) {
+  const text = await readFile(path, 'utf8')
+  const lines = text.split('\\n')
+  return lines.filter((line) => line.trim() !== '')
+}
+
+function count (lines) {
+  const seen = new Map()
+  for (const line of lines) {
+    seen.set(line, (seen.get(line) || 0) + 1)
+  }
+  return seen
+}
+
+module.exports = { load, count }
+"""
+
+
+def test_a_js_file_missing_a_brace_is_refused(mount: Mount) -> None:
+    f = mount.path / "lines.js"
+    f.write_text(JS)
+    broken = JS.replace("  }\n  return seen", "  return seen", 1)
+    assert broken != JS
+    assert refused_by(mount, f, broken, JS) == {"syntax"}
+
+
+def test_deleting_a_function_stubbing_a_protocol_and_rewriting_pass(mount: Mount) -> None:
+    f = mount.path / "wrap.py"
+    f.write_text(WRAP)
+    lines = WRAP.split("\n")
+    start = lines.index("def shorten(text, width, **kwargs):")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("# "))
+    fewer = "\n".join(lines[:start] + lines[end:])  # shorten() deleted
+    assert write(f, fewer) is None and f.read_text() == fewer
+    protocol = (
+        "from typing import Protocol\n\n\n"
+        "class Wrapper(Protocol):\n"
+        "    width: int\n\n"
+        "    def wrap(self, text: str) -> list[str]: ...\n"
+        "    def fill(self, text: str) -> str:\n"
+        "        ...\n\n\n"
+    )
+    stubbed = fewer.replace("class TextWrapper:", protocol + "class TextWrapper:", 1)
+    assert write(f, stubbed) is None and f.read_text() == stubbed
+    assert write(f, REAL) is None and f.read_text() == REAL  # a different file entirely
+    assert events(mount, "refuse") == []
 
 
 def test_elided_middle_is_refused(mount: Mount, real: Path) -> None:

@@ -11,6 +11,8 @@ A new file (no previous bytes) is never refused: there is nothing it could have 
 from __future__ import annotations
 
 import re
+import textwrap
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,75 +35,489 @@ class Finding:
     action: str = "reject"
 
 
+# ---- lines ----
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """The file's lines as truncation compares them: no line ends (LF or CRLF), no trailing
+    whitespace, and no blank lines at the end."""
+    lines = [line.rstrip() for line in data.split(b"\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _lf(data: bytes) -> bytes:
+    return data.replace(b"\r\n", b"\n")
+
+
+def _common_lines(a: list[bytes], b: list[bytes]) -> int:
+    """How many lines ``a`` and ``b`` have in common at their start."""
+    k = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        k += 1
+    return k
+
+
 # ---- truncation ----
 
+# What a cut-off write may have after the lines it kept: the cut line's first part, blank
+# lines, a lone closing token, or a marker saying it was cut. At most this many lines (and
+# _TAIL_TEXT of them not blank); more is new text, not the debris of a cut.
+_TAIL_LINES = 8
+_TAIL_TEXT = 3
+_CLOSER = re.compile(
+    rb"[)\]};,>]+|(?:end|fi|done|esac|endif|endfor|endwhile|endfunction)\b;?"
+    rb"|</[\w.:-]+>|\"\"\"|'''|\*/|-->|`"
+)
 
-def truncation(old: bytes, new: bytes, cfg: dict[str, Any]) -> Finding | None:
-    """The new bytes are the old ones cut short: the old file's tail is gone."""
-    if len(new) >= len(old) or not old.startswith(new):
+
+def _debris(line: bytes) -> bool:
+    s = line.strip()
+    return not s or _CLOSER.fullmatch(s) is not None or _marker(s) >= _WEAK
+
+
+# A top-level statement that defines something (ast class names, tree-sitter node types).
+_DEFINITION = re.compile(r"(?i)function|class|method|struct|impl|interface|enum|module")
+
+
+def _one_definition(path: bytes, lines: list[bytes], new: bytes) -> bool:
+    """Whether ``lines`` (of the old file, dedented) are one whole definition of the path's
+    format (a function, a class, a method) and ``new`` parses: a deliberate deletion."""
+    text = textwrap.dedent(b"\n".join(lines).decode("utf-8", "surrogateescape"))
+    gone = parsers.statements(path, text.encode("utf-8", "surrogateescape"))
+    if not gone or len(gone) != 1 or not _DEFINITION.search(gone[0]):
+        return False
+    return parsers.statements(path, new) is not None
+
+
+def truncation(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> Finding | None:
+    """The new bytes are the old ones cut short: the old file's tail is gone.
+
+    Lines are compared without their line ends and trailing whitespace, and a short tail
+    of debris after the kept lines (see ``_debris``) does not hide the cut. A tail that
+    is one whole definition (the last function or class, deleted) and leaves a file that
+    parses is not a cut."""
+    min_lines, min_ratio = cfg["min_lines"], cfg["min_ratio"]
+    # A quick count first: more than min_lines lines lost shows in the count of line ends.
+    if old.count(b"\n") - new.rstrip().count(b"\n") + _TAIL_LINES <= min_lines:
         return None
-    old_lines = old.count(b"\n") + (not old.endswith(b"\n"))
-    lost = old[len(new) :]
-    lost_lines = lost.count(b"\n") + (not lost.endswith(b"\n"))
-    if lost_lines <= cfg["min_lines"] or lost_lines / max(old_lines, 1) <= cfg["min_ratio"]:
+    before, after = _lines(old), _lines(new)
+    kept = _common_lines(before, after)
+    tail = after[kept:]
+    if len(tail) > _TAIL_LINES or kept == len(before):
         return None
-    kept = new.count(b"\n") + 1
+    partial = bool(tail) and bool(tail[0].strip()) and before[kept].startswith(tail[0])
+    if partial:
+        tail = tail[1:]  # the cut line's first part
+    if sum(1 for t in tail if t.strip()) > _TAIL_TEXT or not all(map(_debris, tail)):
+        return None
+    lost = len(before) - kept
+    if lost <= min_lines or lost / max(len(before), 1) <= min_ratio:
+        return None
+    if not tail and not partial and _one_definition(path, old.split(b"\n")[kept:], new):
+        return None  # the last definition deleted, and the file is whole without it
     return Finding(
         "truncation",
-        f"the new text is the old text cut off after line {kept - 1}: its last "
-        f"{lost_lines} of {old_lines} lines are gone",
-        {"line": kept, "lines_lost": lost_lines, "lines_before": old_lines},
+        f"the new text is the old text cut off after line {kept}: its last "
+        f"{lost} of {len(before)} lines are gone",
+        {"line": kept + 1, "lines_lost": lost, "lines_before": len(before)},
     )
 
 
 # ---- elision ----
 
-# Words that say "the code that stood here is left out". A placeholder line is a comment
-# (or a bare line) whose whole text, once ellipses and brackets are stripped, is such words.
-_SUFFIX = rb"(?:\s+(?:is\s+|are\s+|remains?\s+|stays?\s+)?(?:unchanged|the\s+same|as\s+before|omitted|elided|here|not\s+shown))?"
-_ELIDED = re.compile(
-    rb"(?i)(?:"
-    rb"(?:the\s+)?(?:rest|remainder)\s+of\s+(?:the\s+)?(?:file|code|class|function|method|module|implementation|body|content|tests?)s?"
-    + _SUFFIX
-    + rb"|(?:existing|previous|original|remaining|other|unchanged|more)\s+(?:code|content|implementation|methods|functions|lines|imports|tests|logic|fields|properties|cases|handlers|routes)"
-    + _SUFFIX
-    + rb"|(?:code|content|implementation|rest|everything(?:\s+else)?)\s+(?:is\s+|remains\s+|stays\s+)?(?:unchanged|the\s+same|as\s+before|omitted|elided|not\s+shown)"
-    + rb"|unchanged|omitted|elided|truncated|same\s+as\s+(?:before|above|original)"
-    + rb"|keep\s+(?:the\s+)?(?:existing|rest)(?:\s+\w+)?"
-    + rb")"
+
+def _table(words: str) -> tuple[str, ...]:
+    return tuple(w.strip() for w in words.split(","))
+
+
+# The placeholder vocabulary: what models write where they left code out. A comment (in
+# any of the comment syntaxes below), a string standing alone (a docstring) or a bare line
+# of words is a placeholder when its words, lower-cased and without punctuation, make one
+# whole phrase of PLACEHOLDER_PHRASES; with an ellipsis in the line, LOOSE_PHRASES are
+# enough. In a phrase, {thing}, {qual}, {state} and {alone} stand for a word (or words) of
+# PLACEHOLDER_WORDS.
+PLACEHOLDER_WORDS: dict[str, tuple[str, ...]] = {
+    # what was left out
+    "thing": _table(
+        "code, codes, file, files, class, classes, function, functions, func, funcs, "
+        "method, methods, module, modules, implementation, implementations, impl, body, "
+        "bodies, content, contents, test, tests, import, imports, logic, field, fields, "
+        "property, properties, case, cases, handler, handlers, route, routes, definition, "
+        "definitions, helper, helpers, line, lines, section, sections, part, parts, "
+        "config, configuration, settings, setup, style, styles, rule, rules, entry, "
+        "entries, item, items, member, members, declaration, declarations, functionality, "
+        "component, components, script, program, text, details, stuff, source, export, "
+        "exports, type, types, key, keys, value, values, option, options, argument, "
+        "arguments, statement, statements, block, blocks, output, data, docstring, "
+        "docstrings, comments, attributes, constants, variables, endpoints, views, "
+        "models, utils, utilities, hooks, commands, steps, tasks, jobs, dependencies, "
+        "fixtures, examples, checks, branches, loop, loops, codebase, things, elements, "
+        "sql, queries, markup, html, css, tags, rows, records"
+    ),
+    # which of it ("other", "more", "your" only with an ellipsis or a state: "# Other
+    # helper functions" is a heading, "# your code here" a placeholder)
+    "qual": _table(
+        "existing, previous, prior, original, remaining, unchanged, same, earlier, "
+        "omitted, elided, skipped, truncated, hidden, unmodified, untouched, preceding"
+    ),
+    "loose": _table("other, more, your"),
+    # what became of it
+    "state": _table(
+        "unchanged, untouched, unmodified, identical, intact, omitted, elided, truncated, "
+        "skipped, hidden, snipped, not shown, not changed, not "
+        "included, not repeated, not modified, left out, the same, same, as is, as "
+        "before, as above, as previously, as it was, as they were, as in the original, as "
+        "in original, like before, from before, from above, from the original, here, goes "
+        "here, go here, would go here, continues, follows, stays, remains"
+    ),
+    # said alone, a placeholder
+    "alone": _table(
+        "unchanged, omitted, elided, truncated, snip, snipped, skipped, cut, etc, and so "
+        "on, and so forth, for brevity, as before, unchanged for brevity, remains the "
+        "same, remain the same, stays the same, is unchanged, are unchanged, nothing "
+        "changed, nothing else changed, output truncated, content truncated, text "
+        "truncated, truncated output, same as before, same as above, same as original, "
+        "same as the original, same as previous, same as earlier, same as the old, same "
+        "as the previous version"
+    ),
+}
+_VERB = "(?:(?:is|are|remains?|stays?|left|kept|was|were|being|has been|have been) )?"
+_WHY = "(?: (?:for (?:brevity|clarity|space|length|simplicity|readability)|here|below|etc))*"
+PLACEHOLDER_PHRASES: tuple[str, ...] = (
+    "(?:\\d+ )*(?:(?:{qual}|{loose}) )?{thing}(?: {thing})? " + _VERB + "{state}" + _WHY,
+    "(?:\\d+ )*{qual} {thing}(?: {thing})?(?: here)?",
+    "(?:the )?(?:rest|remainder)(?: of (?:the |this |your |my )?{thing}(?: {thing})?)?"
+    " " + _VERB + "{state}" + _WHY,
+    "(?:the )?(?:rest|remainder) of (?:the |this |your |my )?{thing}(?: {thing})?",
+    "everything else " + _VERB + "{state}" + _WHY,
+    "no (?:other |more |further )?changes?(?: (?:below|above|after|before|beyond|past|from"
+    "|to|in) (?:this|here|that|the|there)?(?: ?(?:line|point|{thing}))?)?" + _WHY,
+    "{alone}" + _WHY,
+    "keep (?:the |all )?(?:existing|rest|original|previous|current|remaining|other)"
+    "(?: of the)?(?: {thing}(?: {thing})?)?(?: " + _VERB + "{state})?",
+    "(?:\\d+ )+(?:more |other |additional )?{thing} " + _VERB + "(?:{state}|removed)" + _WHY,
 )
-_COMMENT = re.compile(rb"^\s*(?:#+|//+|/\*+|<!--|--|;+|\*)(.*?)(?:\*/|-->)?\s*$")
-_AROUND = b" \t.:;,()[]{}\xe2\x80\xa6"  # blanks, dots, brackets, the ellipsis character
+LOOSE_PHRASES: tuple[str, ...] = (
+    "(?:(?:{qual}|{loose}) )?{thing}(?: {thing})?",
+    "{qual}|{loose}",
+    "(?:the )?(?:rest|remainder)(?: of it)?",
+    "everything else",
+    "and more",
+    "(?:\\d+ )+(?:more |other |additional )?{thing}",
+)
+
+
+def _vocabulary(phrases: tuple[str, ...]) -> re.Pattern[str]:
+    words = {
+        name: "(?:" + "|".join(sorted(set(ws), key=len, reverse=True)) + ")"
+        for name, ws in PLACEHOLDER_WORDS.items()
+    }
+    return re.compile("|".join("(?:" + p.format(**words) + ")" for p in phrases))
+
+
+_STRICT = _vocabulary(PLACEHOLDER_PHRASES)
+_LOOSE = _vocabulary(LOOSE_PHRASES)
+# Every word a phrase can hold (a quick test before the phrases; numbers aside).
+_LEXICON = frozenset(
+    w
+    for text in (*PLACEHOLDER_WORDS.values(), PLACEHOLDER_PHRASES, LOOSE_PHRASES, (_VERB, _WHY))
+    for t in text
+    for w in re.findall("[a-z]+", t)
+)
+
+# A line that is a comment (or a string) and nothing else: the opener, the text, the closer.
+# The comment syntaxes of every format the syntax gate knows, and a few more (HTML, SQL,
+# Lua, Lisp, INI); a JSX comment is wrapped in braces.
+_WHOLE = re.compile(
+    rb"^\{?\s*(#+|//+!?|/\*+!?|<!--|--+|;+|\*+|[rRbBuUfF]{0,2}(?:\"\"\"|'''|\"|'))"
+    rb"(.*?)(?:\*+/|-->|\"\"\"|'''|\"|')?\s*\}?,?$"
+)
+# A comment after code on its line (``def f():  # unchanged``).
+_TRAILING = re.compile(rb"\S\s+(?:#+|//+|/\*+)(?!.*(?:\s#|//))(.*?)(?:\*/)?$")
+# A line of words alone (no code): what a bare placeholder line may hold.
+_BARE = re.compile(rb"(?:[A-Za-z0-9 \t.,:;!?'\"()\[\]{}<>-]|\xe2\x80\xa6)+")
+_AROUND = b" \t.:;,()[]{}*=~_-!\xe2\x80\xa6"  # blanks, dots, brackets, rules, the ellipsis
+# A bare ellipsis line: ``...``, ``…``, ``[...]``, ``(...)``, ``{ ... }``.
+_ELLIPSIS = re.compile(
+    rb"(?:\.\.\.|\xe2\x80\xa6|\. \. \.)"
+    rb"|[\[({<]\s*(?:\.\.\.|\xe2\x80\xa6)\s*[\])}>],?"
+)
+_LONGEST = 400  # bytes: the longest line looked at as a placeholder
+_OPENS = frozenset(b"{#/;*<-\"'rRbBuUfF")  # how a line of _WHOLE can begin
+_DOTS = re.compile(rb"\.\.\.|\xe2\x80\xa6|\. \. \.")
+_WORD = re.compile(r"[a-z0-9]+")
+_PASS = re.compile(rb"pass|return|\{\s*\}|\(\s*\)")
+
+# How a line looks to elision: nothing, like a placeholder (a comment alone, ``pass``, an
+# ellipsis: what stands in for code in a mass deletion), an ellipsis standing for code
+# (``...``, ``# ...``, ``/* ... */``; ``def f():  # unchanged``), a placeholder phrase.
+_NONE, _LIKE, _WEAK, _STRONG = range(4)
+
+
+def _words(text: bytes) -> str:
+    return " ".join(_WORD.findall(text.decode("utf-8", "replace").lower().replace("'", "")))
+
+
+def _said(text: bytes, dots: bool) -> bool:
+    """Whether text (a comment's, stripped) is a placeholder phrase."""
+    if text.startswith(b"<") and text.endswith(b">"):
+        text = text[1:-1].strip(_AROUND)
+    words = _words(text)
+    if not all(w in _LEXICON or w.isdigit() for w in words.split()):
+        return False  # a word no phrase has
+    return bool(words) and (
+        _STRICT.fullmatch(words) is not None or (dots and _LOOSE.fullmatch(words) is not None)
+    )
+
+
+def _marker(line: bytes) -> int:
+    """What a line (stripped) is to elision: _NONE, _LIKE, _WEAK or _STRONG."""
+    if not line or len(line) > _LONGEST:
+        return _NONE  # a placeholder is a short line; a minified one is code
+    dots = b"..." in line or b"\xe2\x80\xa6" in line or b". . ." in line
+    whole = _WHOLE.match(line) if line[0] in _OPENS else None
+    if dots and _ELLIPSIS.fullmatch(line):
+        return _WEAK
+    if whole is not None or _BARE.fullmatch(line):
+        text = (whole.group(2) if whole is not None else line).strip(_AROUND)
+        comment = whole is not None and whole.group(1)[-1:] not in b"\"'"
+        if not text:
+            return _WEAK if dots and whole is not None else (_LIKE if comment else _NONE)
+        if _said(text, dots and whole is not None):  # a bare "...rest" is a JS spread
+            return _STRONG
+        if comment:
+            return _LIKE
+    commented = b"#" in line or b"//" in line or b"/*" in line
+    trailing = _TRAILING.search(line) if commented else None
+    if trailing is not None:
+        text = trailing.group(1).strip(_AROUND)
+        if (not text and _DOTS.search(trailing.group(1))) or (text and _said(text, dots)):
+            return _WEAK
+    if dots or _PASS.fullmatch(line):
+        return _LIKE
+    return _NONE
 
 
 def _placeholder(line: bytes) -> bool:
-    m = _COMMENT.match(line)
-    text = (m.group(1) if m else line).strip(_AROUND)
-    return bool(text) and _ELIDED.fullmatch(text) is not None
+    """A placeholder phrase: a line that says code was left out."""
+    return _marker(line.strip()) == _STRONG
 
 
-def elision(old: bytes, new: bytes, cfg: dict[str, Any]) -> Finding | None:
-    """Placeholder lines stand where many lines of the old file were removed."""
-    old_lines = old.splitlines()
-    new_lines = new.splitlines()
-    old_set = set(old_lines)
-    markers = [
-        (n, line)
-        for n, line in enumerate(new_lines, 1)
-        if line not in old_set and _placeholder(line)
-    ]
-    if not markers:
+# Python's comments and strings, as far as telling a docstring's text from code needs.
+_PY_TOKEN = re.compile(rb"#[^\n]*|\"\"\"|'''|\"(?:\\.|[^\"\\\n])*\"?|'(?:\\.|[^'\\\n])*'?")
+
+
+def _in_docstring(data: bytes, offset: int) -> bool:
+    """Python: whether ``offset`` is inside a triple-quoted string (a docstring, a
+    doctest), by a scan of the comments and strings before it: a millisecond or two at
+    100 KB, where ``ast`` takes tens."""
+    pos = 0
+    while (m := _PY_TOKEN.search(data, pos, offset)) is not None:
+        quote = m.group()
+        pos = m.end()
+        if quote in (b'"""', b"'''"):
+            close = data.find(quote, pos)
+            while close >= 0 and _escaped(data, close):
+                close = data.find(quote, close + 1)
+            if close < 0 or close >= offset:
+                return True
+            pos = close + 3
+    return False
+
+
+def _escaped(data: bytes, at: int) -> bool:
+    n = 0
+    while at - n > 0 and data[at - n - 1] == 0x5C:  # backslashes before it
+        n += 1
+    return n % 2 == 1
+
+
+def _anchors(before: list[bytes], after: list[bytes]) -> tuple[list[int], list[int]]:
+    """Lines found once in each version, matched in order (as patience diff does): the
+    indices in ``after`` and in ``before`` of each, both increasing. Between two anchors
+    lies what an edit did there."""
+    olds, news = Counter(before), Counter(after)
+    at = {x: i for i, x in enumerate(before) if olds[x] == 1 and news[x] == 1 and x}
+    pairs = [(j, at[x]) for j, x in enumerate(after) if x in at]
+    # The longest run of pairs whose old indices increase too (patience sorting).
+    tops: list[int] = []  # old index ending the best run of each length
+    ends: list[int] = []  # the pair ending it
+    back = [-1] * len(pairs)
+    for k, (_, i) in enumerate(pairs):
+        n = bisect_left(tops, i)
+        back[k] = ends[n - 1] if n else -1
+        if n == len(tops):
+            tops.append(i)
+            ends.append(k)
+        else:
+            tops[n], ends[n] = i, k
+    run = []
+    k = ends[-1] if ends else -1
+    while k >= 0:
+        run.append(pairs[k])
+        k = back[k]
+    run.reverse()
+    return [j for j, _ in run], [i for _, i in run]
+
+
+def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> Finding | None:
+    """Code left out: a placeholder stands where lines of the old file were removed.
+
+    Three signals, each needing ``min_lines`` lines of the old file gone: a placeholder
+    phrase on a new line; an ellipsis (``...``, ``# ...``; not a Python docstring's) that
+    stands where at least _ELLIPSIS_LINES lines were; and a mass deletion, most
+    (``mass_ratio``) of the old file's lines gone with a placeholder-like line (a comment
+    alone, ``pass``, an ellipsis) where they were, or nearly all (``cut_ratio``) gone
+    with nothing new at all. Only the lines an edit changed are looked at, so an edit
+    session's commit costs a scan of a few lines."""
+    min_lines = cfg["min_lines"]
+    mass_ratio, cut_ratio = cfg["mass_ratio"], cfg["cut_ratio"]
+    if (b"\r" in old or b"\r" in new) and _lf(old) == _lf(new):
+        return None  # line ends changed, nothing else
+    start, end = parsers._changed(old, new)
+    a = new.rfind(b"\n", 0, start) + 1
+    b = new.find(b"\n", max(start, end + len(new) - len(old)))
+    region = new[a : len(new) if b < 0 else b]
+    first = new.count(b"\n", 0, a)
+    marks: list[tuple[int, int, bytes]] = []  # (line index in new, kind, line)
+    offsets: dict[int, int] = {}  # where each of them begins in new
+    lines = region.split(b"\n")
+    # A long changed span (a rename throughout the file) is mostly lines the old file has:
+    # they stand for nothing, save an ellipsis (the old file's "..." can be a new one's).
+    known = {x.strip() for x in old.split(b"\n")} if len(lines) > _KNOWN_FROM else set()
+    at = a
+    for n, raw in enumerate(lines, first):
+        line = raw.strip()
+        if line in known and b"..." not in line and b"\xe2\x80\xa6" not in line:
+            at += len(raw) + 1
+            continue
+        kind = _marker(line)
+        if kind != _NONE:
+            marks.append((n, kind, line))
+            offsets[n] = at
+        at += len(raw) + 1
+    n_old, n_new = old.count(b"\n"), new.count(b"\n")
+    shrunk = n_old - n_new >= max(min_lines, mass_ratio * n_old / 2)
+    if not shrunk and not any(kind >= _WEAK for _, kind, _ in marks):
         return None
-    removed = sum((Counter(old_lines) - Counter(new_lines)).values())
-    if removed < cfg["min_lines"]:
+    before = [line.strip() for line in old.split(b"\n")]
+    after = [line.strip() for line in new.split(b"\n")]
+    old_count = Counter(x for x in before if x)
+    new_count = Counter(x for x in after if x)
+    removed = sum((old_count - new_count).values())
+    if removed < min_lines:
         return None
-    line, text = markers[0]
+    total = max(sum(old_count.values()), 1)
+
+    def found(signal: str, n: int, text: bytes, message: str, **more: Any) -> Finding:
+        return Finding(
+            "elision",
+            f"line {n + 1} ({text.decode(errors='replace')[:60]!r}) {message}",
+            {"line": n + 1, "lines_removed": removed, "signal": signal, **more},
+        )
+
+    # A rewrite is a text of its own, whose comments are its own ("# ... and so on ..." in
+    # a table): one that shares less than a quarter of its distinct lines with the old
+    # file, and has enough of them to be a file (a new function and "# ... existing
+    # code ..." is not one).
+    distinct = {x for x in new_count if len(x) >= _DISTINCT}
+    shared = len(distinct & old_count.keys())
+    if len(distinct) >= _REWRITE_LINES and shared < _REWRITE_SHARE * len(distinct):
+        return None
+    strong = [(n, line) for n, kind, line in marks if kind == _STRONG and line not in old_count]
+    if strong:
+        n, text = strong[0]
+        return found(
+            "placeholder",
+            n,
+            text,
+            f"stands for code that was left out: {removed} lines of the old file are gone",
+            placeholders=len(strong),
+        )
+    # An ellipsis anchors nothing: matched with an old "..." (a doctest's, a stub's) it
+    # would hide the lines it stands for.
+    aligned = list(after)
+    for n, kind, _ in marks:
+        if kind == _WEAK:
+            aligned[n] = b"\0%d" % n
+    js, iis = _anchors(before, aligned)
+    gaps: dict[int, tuple[int, int, int, int]] = {}
+
+    def gap(n: int) -> tuple[int, int, int, int]:
+        """(old lines gone, new lines put, first, end of the old lines) where line n is."""
+        k = bisect_left(js, n)
+        if k < len(js) and js[k] == n:
+            return 0, 0, iis[k], iis[k]  # a line kept from the old file
+        if k not in gaps:
+            jb, ib = (js[k - 1], iis[k - 1]) if k else (-1, -1)
+            ja, ia = (js[k], iis[k]) if k < len(js) else (len(after), len(before))
+            was = Counter(x for x in before[ib + 1 : ia] if x)
+            now = Counter(x for x in after[jb + 1 : ja] if x)
+            gaps[k] = (sum((was - now).values()), sum((now - was).values()), ib + 1, ia)
+        return gaps[k]
+
+    python = parsers.language(path) == "python"
+    for n, kind, text in marks:
+        if kind != _WEAK:
+            continue
+        gone, _, i1, i2 = gap(n)
+        if gone < _ELLIPSIS_LINES:
+            continue
+        if python and _in_docstring(new, offsets[n]):
+            continue  # a doctest's or a docstring's ellipsis
+        return found(
+            "ellipsis",
+            n,
+            text,
+            f"stands where {gone} lines of the old file were: {removed} lines of the "
+            "old file are gone",
+        )
+    if removed < mass_ratio * total:
+        return None
+    added = sum((new_count - old_count).values())
+    kept = sum(new_count.values())
+    if added <= min(removed // 5, kept - added):  # mostly old lines: not a rewrite
+        for n, _, text in marks:
+            gone, put, _, _ = gap(n)
+            if gone < min_lines or put > max(3, gone // 20):
+                continue  # new text stands there, not a placeholder
+            if python and _in_docstring(new, offsets[n]):
+                continue
+            return found(
+                "mass",
+                n,
+                text,
+                f"stands where {gone} lines of the old file were: {removed} of its "
+                f"{total} lines are gone in one write",
+            )
+    if not kept or removed < cut_ratio * total or added > kept // 20:
+        return None
+    # Nearly all gone, nothing new: unless it is one definition deleted whole.
+    k = _common_lines(before, after)
+    e = _common_lines(before[k:][::-1], after[k:][::-1])
+    if k + e == len(after) and _one_definition(path, old.split(b"\n")[k : len(before) - e], new):
+        return None  # one definition deleted, and the file is whole without it
     return Finding(
         "elision",
-        f"line {line} ({text.decode(errors='replace').strip()[:60]!r}) stands for code that "
-        f"was left out: {removed} lines of the old file are gone",
-        {"line": line, "lines_removed": removed, "placeholders": len(markers)},
+        f"{removed} of the old file's {total} lines are gone in one write, and nothing "
+        "new stands in their place: what is left is a fragment of the file",
+        {"line": k + 1, "lines_removed": removed, "signal": "cut"},
     )
+
+
+# A changed span longer than this many lines is scanned only where its lines are new.
+_KNOWN_FROM = 64
+# An ellipsis counts as a placeholder where it stands for at least this many lines.
+_ELLIPSIS_LINES = 3
+# A new text of at least _REWRITE_LINES distinct lines (of _DISTINCT characters or more)
+# that shares less than _REWRITE_SHARE of them with the old one is a rewrite.
+_REWRITE_SHARE = 0.25
+_REWRITE_LINES = 40
+_DISTINCT = 6
 
 
 # ---- syntax ----
@@ -370,9 +786,9 @@ def check(
         if (binary and gate in TEXT_GATES) or (cut and gate in ("truncation", "elision")):
             continue
         if gate == "truncation":
-            found = truncation(old, new, cfg)
+            found = truncation(old, new, cfg, path)
         elif gate == "elision":
-            found = elision(old, new, cfg)
+            found = elision(old, new, cfg, path)
         elif gate == "syntax":
             found = syntax(path, old, new)
         else:

@@ -95,6 +95,10 @@ min_ratio = 0.3
 [gates.elision]
 action = "reject"
 min_lines = 10
+# Mass deletion: this part of the file's lines gone with a placeholder-like line (a lone
+# comment, "pass", "...") where they were, or cut_ratio of them gone with nothing new.
+mass_ratio = 0.5
+cut_ratio = 0.8
 
 [gates.syntax]
 action = "reject"
@@ -138,7 +142,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
 # The gates' defaults (SPEC §4.1): the action, then each threshold with its type.
 GATE_DEFAULTS: dict[str, dict[str, Any]] = {
     "truncation": {"action": "reject", "min_lines": 20, "min_ratio": 0.3},
-    "elision": {"action": "reject", "min_lines": 10},
+    "elision": {"action": "reject", "min_lines": 10, "mass_ratio": 0.5, "cut_ratio": 0.8},
     "syntax": {"action": "reject"},
     # The risk score's verdict (low, medium, high) at which to warn and to refuse ("off").
     "secrets": {"action": "reject", "warn_at": "medium", "reject_at": "off"},
