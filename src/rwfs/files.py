@@ -630,23 +630,30 @@ class Files:
         # The new name must reach the bytes every reader sees: commit an open stage (say,
         # a truncate(2) while a descriptor is open) before linking the backing file, again
         # if a writer opened another meanwhile.
+        journaled = self.journaled(path)
         while True:
             before = src.stage
             await self.commit(src, who, wait=True)
             await self.settle(src)
-            if src.stage is None or src.stage is before or not src.paths:
-                break  # (a stage that stays is a batch's draft, or an unlinked file's)
-        if self.held(src) is not None:  # the commit went to an open batch
-            raise _refused(errno.EXDEV)
-        journaled = self.journaled(path)
-        digest = None  # the new name's bytes, for its history and the path index
-        with contextlib.suppress(OSError):
-            fd = open_regular(self.ws.root_fd, rel(src.path))[0] if journaled else -1
-            if fd >= 0:
-                try:
-                    digest = await self.ws.digest(fd)
-                finally:
-                    os.close(fd)
+            if not (src.stage is None or src.stage is before or not src.paths):
+                continue  # (a stage that stays is a batch's draft, or an unlinked file's)
+            if self.held(src) is not None:  # the commit went to an open batch
+                raise _refused(errno.EXDEV)
+            digest = None  # the new name's bytes, for its history and the path index
+            with contextlib.suppress(OSError):
+                fd = open_regular(self.ws.root_fd, rel(src.path))[0] if journaled else -1
+                if fd >= 0:
+                    try:
+                        digest = await self.ws.digest(fd)
+                    finally:
+                        os.close(fd)
+            # No commit of the file may be queued across the link: it would be journaled
+            # before the link while it reaches the tree after it, and the link's digest
+            # would then stand for the new name in place of the bytes it holds.
+            if self.held(src) is not None:
+                raise _refused(errno.EXDEV)
+            if src.pending is None:
+                break
         with self.ws.operation(
             journaled, who, "link", path, source=fsdecode(src.path), intended=digest
         ):
