@@ -417,3 +417,33 @@ def test_a_rename_between_two_names_of_one_file_does_nothing(tree: Path, run: Ru
     core = run(tree, body)
     assert sorted(os.listdir(tree)) == [".rw", "a.txt", "b.txt"]
     assert [e for e in core.ws.store.events() if e["op"] == "rename"] == []
+
+
+def test_removing_the_only_known_name_of_a_linked_file_finds_its_other_name(
+    tree: Path, run: Run
+) -> None:
+    """A descriptor open on a.txt, whose file is also d/b.txt (linked behind the mount):
+    after ``rm a.txt`` a write through the descriptor is the file's, under d/b.txt, and
+    journaled there (it was written in place, unjournaled: fsck drift)."""
+    (tree / "d").mkdir()
+    (tree / "a.txt").write_bytes(b"one\n")
+    os.link(tree / "a.txt", tree / "d" / "b.txt")
+    seen: dict[str, Any] = {}
+
+    async def body(core: Core) -> None:
+        i = core.inode("a.txt")
+        i.handles += 1  # open
+        await core.files.remove(b"a.txt", WHO, is_dir=False)
+        seen["paths"] = sorted(i.paths)
+        await core.write(i, b"two\n")
+        i.handles -= 1  # (core.write counted a handle of its own)
+        await core.close(i, wait=True)
+        await core.files.settle(i)
+
+    core = run(tree, body)
+    assert seen["paths"] == [b"d/b.txt"]
+    assert (tree / "d" / "b.txt").read_bytes() == b"two\n"
+    writes = [e for e in core.ws.store.events() if e["op"] == "write"]
+    assert [(e["path"], e["intended"]) for e in writes] == [
+        ("d/b.txt", "sha256:" + hashlib.sha256(b"two\n").hexdigest())
+    ]

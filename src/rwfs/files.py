@@ -105,11 +105,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import trio
+
 from . import faults
 from .batches import Batches
 from .inodes import Inode, InodeTable
 from .objects import EMPTY_DIGEST, open_regular
-from .workspace import Commit, Stage, Workspace, borrowed, fsdecode, rel, renameat2
+from .workspace import _LIMIT, Commit, Stage, Workspace, borrowed, fsdecode, rel, renameat2
 
 # Stale writes: the (process, file) pairs remembered before all are forgotten, and the
 # replaced files whose bytes are held open, so that a process that read one can be told
@@ -530,6 +532,8 @@ class Files:
             self.inodes.orphan(gone)
             if is_dir:
                 gone.removed = st
+        elif gone is not None:
+            await self._other_names(gone, path, st)
 
     async def rename(self, src: bytes, dst: bytes, flags: int, who: dict[str, Any]) -> None:
         """rename(2): a rename onto a journaled file is a commit of it (gated first), the
@@ -618,7 +622,22 @@ class Files:
                 gone = self.inodes.detach(dst)
                 if gone is not None and dst_st.st_nlink == 1 and not stat.S_ISDIR(dst_st.st_mode):
                     self.inodes.orphan(gone)
+                elif gone is not None and not stat.S_ISDIR(dst_st.st_mode):
+                    await self._other_names(gone, dst, dst_st)
             self.inodes.move(src, dst)
+
+    async def _other_names(self, inode: Inode, path: bytes, st: os.stat_result) -> None:
+        """One name of a hard-linked file went away and the inode table knew no other:
+        find the file's other names in the workspace, so that its commits have a path
+        and stay journaled (a name outside the workspace is not found: the file is then
+        written in place, unjournaled, as ``fs._in_place`` says)."""
+        if inode.paths:
+            return
+        names = await trio.to_thread.run_sync(self.ws.other_names, path, st, (), limiter=_LIMIT)
+        for p in names:
+            if p not in self.inodes.by_path:
+                inode.paths.add(p)
+                self.inodes.by_path[p] = inode
 
     async def link(self, src: Inode, path: bytes, who: dict[str, Any]) -> None:
         """link(2): a new name of a file, journaled with the file's digest. Not of a file

@@ -874,8 +874,8 @@ class Operations(pyfuse3.Operations):
     def _in_place(self, i: Inode) -> bool:
         """Whether the open file's bytes are changed in place (not journaled)."""
         st = os.fstat(i.fd)
-        if not i.paths:  # its names here are gone, but a hard link no one looked up names it
-            return st.st_nlink > 1
+        if not i.paths:  # its names here are gone, and no other was found in the workspace
+            return st.st_nlink >= 1  # (a name outside it: the file lives on, unjournaled)
         return not self.files.journaled(i.path, st)
 
     async def _to_change(self, i: Inode) -> Stage | None:
