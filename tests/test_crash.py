@@ -71,8 +71,9 @@ def _writer(
 def test_fault_point_during_commit(workspace: Path, point: str, durability: str) -> None:
     prepare_state(workspace, DEFAULT_TEXT.replace('"group"', f'"{durability}"'))
     old, new = b"old line\n" * 100, b"new line\n" * 120
-    linked = point == "in_place_copied"  # a hard-linked file's commit, cut mid-copy
-    if linked:
+    # A hard-linked file's commit cut mid-copy, and one whose copy was done but not recorded.
+    linked = point in ("in_place_copied", "before_commit_record")
+    if point == "in_place_copied":
         old = b"old line\n" * 150  # longer: the copied new bytes leave old ones after them
     (workspace / "f.txt").write_bytes(old)
     if linked:
@@ -101,6 +102,8 @@ def test_fault_point_during_commit(workspace: Path, point: str, durability: str)
         if now == new:
             # I2: the change that reached the tree is journaled with both digests.
             assert [(e["expected"], e["intended"]) for e in writes] == [(sha(old), sha(new))]
+            if linked:  # the other name is journaled with the write, however it was settled
+                assert writes[-1].get("links") == ["g.txt"], writes
         else:
             assert writes == []
         status = json.loads((m.path / ".rw" / "status").read_text())

@@ -983,6 +983,7 @@ def _recover_committing(
         if live == r["intended"] and not special:
             c.outcome = "landed"
             c.info["kept"] = bool(r["expected"]) and ws.objects.exists(r["expected"])
+            ws.landed_links(c, st)
             settle.append(c)
             summary["committed"] += 1
         elif live == r["expected"] and not special:

@@ -308,6 +308,7 @@ def _settle(ws: Workspace, receipt: dict[str, Any]) -> str:
     if live == receipt["intended"] and not special:
         c.outcome = "landed"
         c.info["kept"] = ws.objects.exists(receipt["expected"])
+        ws.landed_links(c, st)
         if stage_fd is not None:
             ws.drop_stage(stage)
         result = "committed"

@@ -1260,6 +1260,7 @@ class Workspace:
             if live == c.intended:
                 c.outcome = "landed"
                 self._keep_intended(c)  # nothing to keep: it is in the tree
+                self.landed_links(c, st)
                 return
             if live != c.stage.expected:
                 c.outcome = "conflict"
@@ -1338,6 +1339,12 @@ class Workspace:
                 "and the receipt stays pending until the next mount retries it.",
                 path=fsdecode(c.path),
             )
+
+    def landed_links(self, c: Commit, st: os.stat_result | None) -> None:
+        """A commit whose bytes a hard-linked file already holds (a copy into it that a
+        crash interrupted after it was done): its other names are journaled with it."""
+        if c.intended is not None and st is not None and self.hard_linked(st, c.stage.expected):
+            c.info["links"] = [fsdecode(p) for p in self.other_names(c.path, st, c.aliases)]
 
     def linked(self, commits: list[Commit]) -> set[str]:
         """The commits whose file is hard-linked now: ``_replace`` will write them in
@@ -1604,7 +1611,7 @@ def record_commit(txn: Any, c: Commit) -> None:
         ev["recovered"] = True
     if "mode" in c.info and c.outcome == "committed":
         ev["mode"] = c.info["mode"]
-    links = c.info.get("links") if c.outcome == "committed" else None
+    links = c.info.get("links") if c.outcome in ("committed", "landed") else None
     if links:
         ev["links"] = links  # the file's other names, changed with it (in place)
     if c.outcome == "error":
