@@ -305,7 +305,12 @@ def test_truncate_to_any_length_succeeds_and_sticks(workspace: Path, how: str) -
     for name, (data, _) in files.items():
         assert (workspace / name).read_bytes() == want[name]
         assert _kept(workspace, sha(data)), f"{name}: the pre-image is not kept (no undo)"
-    m = Mount(workspace).start()  # and after a remount
+    _holds_after_remount(workspace, want)
+
+
+def _holds_after_remount(workspace: Path, want: dict[str, bytes]) -> None:
+    """Mounted again, the mount shows each file's bytes (and the daemon ends clean)."""
+    m = Mount(workspace).start()
     try:
         for name, data in want.items():
             assert (m.path / name).read_bytes() == data, name
@@ -436,13 +441,7 @@ def test_fsx_like_close_reopen_around_truncates(workspace: Path, binary: bool) -
     finally:
         m.stop()
     check_clean(m)
-    m = Mount(workspace).start()
-    try:
-        for name, data in want.items():
-            assert (m.path / name).read_bytes() == data, name
-    finally:
-        m.stop()
-    check_clean(m)
+    _holds_after_remount(workspace, want)
 
 
 def test_the_daemon_runs_with_umask_0(tmp_path: Path) -> None:

@@ -577,24 +577,19 @@ EXIT_CODES = """exit status:
   2  a usage error"""
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} is not a positive number")
-    return n
+def _whole(least: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least``, named ``what`` in errors."""
 
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{n} is not {what} ({least} or more)")
+        return n
 
-def _lsn(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an LSN (a whole number)") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n} is not an LSN (0 or more)")
-    return n
+    return parse
 
 
 def parser() -> argparse.ArgumentParser:
@@ -684,8 +679,20 @@ def parser() -> argparse.ArgumentParser:
     )
     lg.add_argument("path", nargs="?", help="only the events of this file or directory")
     where(lg)
-    lg.add_argument("--last", type=_positive, default=None, metavar="N", help="only the N newest")
-    lg.add_argument("--since", type=_lsn, default=0, metavar="LSN", help="only after LSN")
+    lg.add_argument(
+        "--last",
+        type=_whole(1, "a positive whole number"),
+        default=None,
+        metavar="N",
+        help="only the N newest",
+    )
+    lg.add_argument(
+        "--since",
+        type=_whole(0, "an LSN (a whole number)"),
+        default=0,
+        metavar="LSN",
+        help="only after LSN",
+    )
     lg.add_argument("--follow", "-f", action="store_true", help="wait for new events")
     lg.add_argument("--json", action="store_true", help="one JSON event per line")
     lg.set_defaults(fn=cmd_log)
