@@ -473,14 +473,6 @@ class Files:
 
     # ---- the namespace: what an unlink, a rename, a link or a create of a file becomes ----
 
-    def path_made_by(self, path: bytes, ino: int, who: dict[str, Any]) -> None:
-        if self.read_at.get(path):
-            self.path_made(path, ino, who["pid"])
-
-    def _leaves(self, path: bytes, who: dict[str, Any], now: Inode | None = None) -> None:
-        if self.read_at.get(path):
-            self.path_leaves(path, who["pid"], now)
-
     async def remove(self, path: bytes, who: dict[str, Any], is_dir: bool) -> None:
         """unlink(2) or rmdir(2) of ``path``: an open batch's new file is forgotten, a file
         a batch takes is hidden until its commit; otherwise the removal reaches the tree,
@@ -503,7 +495,7 @@ class Files:
             with self.ws.operation(self.journaled(path, None, True), who, "rmdir", path):
                 os.rmdir(path, dir_fd=self.ws.root_fd)
         else:
-            self._leaves(path, who)
+            self.path_leaves(path, who["pid"])
             incoming = removed = None
             journaled = self.journaled(path, st)
             if journaled and stat.S_ISREG(st.st_mode):
@@ -576,9 +568,9 @@ class Files:
                 break
         if journaled:
             moved = None if exchange else self.inodes.by_path.get(src)
-            self._leaves(src, who)
+            self.path_leaves(src, who["pid"])
             if dst_st is not None:
-                self._leaves(dst, who, moved)
+                self.path_leaves(dst, who["pid"], moved)
         incoming = None
         if journaled and not exchange and dst_st is not None and stat.S_ISREG(dst_st.st_mode):
             incoming = await self.ws.keep_removed(dst, dst_st)  # keep the replaced bytes
@@ -1112,7 +1104,7 @@ class Files:
         self, inode: Inode, path: bytes, who: dict[str, Any], shown: str | None
     ) -> tuple[str | None, int]:
         """A lost update over a replaced file (SPEC §6.4): this process read ``path``,
-        then another process replaced the file there (``_path_leaves``), and what it read
+        then another process replaced the file there (``path_leaves``), and what it read
         is not what the path holds now. Returns (the digest it read, "" if it is no longer
         known, or None: not stale; a descriptor of those bytes or -1)."""
         if self.ws.policy.stale_write == "off":

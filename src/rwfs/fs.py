@@ -796,7 +796,7 @@ class Operations(pyfuse3.Operations):
             # Created by someone else since the kernel's lookup: open it, as open(2) would.
         attr = self._new_entry(path, ctx)
         if created:
-            self.files.path_made_by(path, attr.st_ino, who)
+            self.files.path_made(path, attr.st_ino, who["pid"])
         fi = await self.open(attr.st_ino, flags & ~os.O_EXCL, ctx)
         return fi, attr
 
