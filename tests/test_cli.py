@@ -83,6 +83,11 @@ def test_agents_md_tells_an_agent_what_a_refusal_means() -> None:
     assert res.returncode == 0
     for needle in ("EBADMSG", ".rw/why/", ".rw/rejected/", "retry_budget", "ESTALE", "-74"):
         assert needle in res.stdout, needle
+    assert "`rwfs:` on the command's stderr" in res.stdout
+    recipes = rwfs("agents-md", "--recipes")
+    assert recipes.returncode == 0 and recipes.stdout != res.stdout
+    for agent in ("CLAUDE.md", "AGENTS.md", "GEMINI.md", "aider --read", "rwfs run --review"):
+        assert agent in recipes.stdout, agent
 
 
 def test_batch_snapshot_restore_undo_and_conflicts_verbs(mount: Mount) -> None:

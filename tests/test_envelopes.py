@@ -7,6 +7,9 @@ from __future__ import annotations
 import errno
 import inspect
 import json
+import os
+import pty
+import socket
 import subprocess
 import sys
 
@@ -139,3 +142,85 @@ def test_a_refused_rename_of_a_temporary_is_explained_under_both_names(mount: Mo
     assert temp.startswith("sed") and f.read_text() == REAL
     assert why(mount, temp) == why(mount, "decoder.py")
     assert (why(mount, temp)["path"], why(mount, temp)["source"]) == ("decoder.py", temp)
+
+
+# ---- the line on the writer's stderr (notice.py) ----
+
+BREAK = (
+    "import sys\n"
+    "try:\n"
+    "    with open(sys.argv[1], 'w') as f:\n"
+    "        f.write(open(sys.argv[1]).read().replace('def ', 'def (', 1))\n"
+    "except OSError as e:\n"
+    "    sys.exit(e.errno)\n"
+)
+
+
+def told(m: Mount, name: str) -> str:
+    return f"rwfs: Your write to {name} was refused because"
+
+
+def test_a_refused_writer_that_never_heard_of_rwfs_is_told_why_on_its_stderr(
+    mount: Mount,
+) -> None:
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    res = subprocess.run(
+        ["sed", "-i", "s/^def /def (/", "decoder.py"], cwd=mount.path, capture_output=True
+    )
+    err = res.stderr.decode()
+    assert res.returncode != 0 and f.read_text() == REAL, res
+    # One line from rwfs, naming the file sed does not name, before sed's own message.
+    first, rest = err.split("\n", 1)
+    assert first.startswith(told(mount, "decoder.py")), err
+    assert first.endswith(f"Details: {mount.path}/.rw/why/decoder.py"), err
+    assert rest.startswith("sed: cannot rename") and "rwfs:" not in rest, err
+    # Node-style captured output: stderr is a socket, not a pipe.
+    a, b = socket.socketpair()
+    with a, b:
+        res = subprocess.run([sys.executable, "-c", BREAK, str(f)], stderr=b)
+        a.settimeout(5)
+        line = a.recv(4096).decode()
+    assert res.returncode == errno.EBADMSG and f.read_text() == REAL
+    assert line.startswith(told(mount, "decoder.py")) and line.endswith("\n"), line
+
+
+def test_no_line_goes_to_a_file_a_terminal_or_anywhere_when_off(mount: Mount, tmp_path) -> None:
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    log = tmp_path / "stderr.txt"
+    with open(log, "wb") as out:  # a log file: not rwfs's to write into
+        res = subprocess.run([sys.executable, "-c", BREAK, str(f)], stderr=out)
+    assert res.returncode == errno.EBADMSG and log.read_bytes() == b""
+
+    def on_terminal() -> bytes:
+        master, slave = pty.openpty()
+        try:
+            res = subprocess.run([sys.executable, "-c", BREAK, str(f)], stderr=slave)
+            assert res.returncode == errno.EBADMSG
+            os.set_blocking(master, False)
+            try:
+                return os.read(master, 4096)
+            except BlockingIOError:
+                return b""
+        finally:
+            os.close(slave)
+            os.close(master)
+
+    assert on_terminal() == b""  # a full-screen program's terminal is left alone
+    policy = mount.path / ".rw" / "policy.toml"
+    text = policy.read_text()
+    policy.write_text(text.replace('tell_writer = "captured"', 'tell_writer = "always"'))
+    assert on_terminal().decode().startswith(told(mount, "decoder.py"))
+    policy.write_text(text.replace('tell_writer = "captured"', 'tell_writer = "off"'))
+    res = subprocess.run([sys.executable, "-c", BREAK, str(f)], capture_output=True)
+    assert (res.returncode, res.stderr) == (errno.EBADMSG, b"")
+    assert why(mount, "decoder.py")["error"] == "blocked"  # .rw/ tells, whatever the setting
+    try:
+        policy.write_text(text.replace('tell_writer = "captured"', 'tell_writer = "loud"'))
+    except OSError as exc:
+        assert exc.errno == errno.EINVAL
+    else:
+        raise AssertionError("an unknown tell_writer was accepted")
+    assert 'tell_writer = "off"' in policy.read_text()
+    assert "tell_writer" in last_error(mount)["message"]

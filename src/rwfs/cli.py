@@ -253,10 +253,11 @@ journaled, and a write that would break a file is refused. Its control directory
   **EBADMSG** ("Bad message"; Node.js: "Unknown system error -74"), your write was refused:
   it would have broken the file (a syntax error where it parsed before, the file cut short,
   or a placeholder such as "... rest of the code unchanged ..." standing for deleted code).
-  The file is unchanged. Read `.rw/why/<path>` (JSON: `message`, `details.line`,
-  `retry_budget`), read the file again, and re-apply your edit in full. Your refused draft
-  is at `.rw/rejected/<id>` (the envelope's `draft`). When `retry_budget` reaches 0, change
-  strategy instead of sending the same text again.
+  The file is unchanged, and a line starting `rwfs:` on the command's stderr says why.
+  Read `.rw/why/<path>` (JSON: `message`, `details.line`, `retry_budget`), read the file
+  again, and re-apply your edit in full. Your refused draft is at `.rw/rejected/<id>` (the
+  envelope's `draft`). When `retry_budget` reaches 0, change strategy instead of sending
+  the same text again.
 - A shell redirection (`echo ... > file`) ignores these errors: after writing that way,
   check `.rw/last-error`, or that the file holds what you wrote.
 - **ESTALE** ("Stale file handle"; Node.js: "Unknown system error -116") means the file
@@ -283,6 +284,22 @@ journaled, and a write that would break a file is refused. Its control directory
 - Without writing: `cat .rw/validate/<path>` says whether a file parses, `.rw/risk/<path>`
   whether it looks like it holds a secret. `.rw/journal` lists recent commits with the
   digests they expected and wrote; `rwfs log <path>` all of them.
+"""
+
+
+# How to hand the paragraph to common agents (docs/cli.md has the longer version).
+RECIPES = """\
+# Hand the agent the paragraph (rwfs agents-md), then run it in the mount:
+rwfs agents-md >> CLAUDE.md            # Claude Code reads CLAUDE.md
+rwfs run -- claude
+rwfs agents-md >> AGENTS.md            # Codex CLI reads AGENTS.md
+rwfs run -- codex
+rwfs agents-md >> GEMINI.md            # Gemini CLI reads GEMINI.md
+rwfs run -- gemini
+rwfs agents-md > .rw-conventions.md    # aider takes a conventions file
+rwfs run -- aider --read .rw-conventions.md
+# Any other agent: paste the paragraph where it reads project instructions.
+# rwfs run --review -- AGENT holds every write in a batch until you commit it at exit.
 """
 
 
@@ -526,7 +543,7 @@ def cmd_gc(a: argparse.Namespace) -> int:
 
 
 def cmd_agents_md(a: argparse.Namespace) -> int:
-    print(AGENTS_MD, end="")
+    print(RECIPES if a.recipes else AGENTS_MD, end="")
     return 0
 
 
@@ -758,6 +775,9 @@ def parser() -> argparse.ArgumentParser:
     where(g)
     g.set_defaults(fn=cmd_gc)
     am = verb("agents-md", "print a paragraph for AGENTS.md / CLAUDE.md")
+    am.add_argument(
+        "--recipes", action="store_true", help="print how to hand it to common agents instead"
+    )
     am.set_defaults(fn=cmd_agents_md)
     return p
 

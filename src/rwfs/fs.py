@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from . import kernelflags, parsers
+from . import kernelflags, notice, parsers
 from .batches import Batches
 from .control import CDir, CFile, Control
 from .files import Files
@@ -73,6 +73,7 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
                 self.control.fail(exc)
                 if quiet:
                     return None
+                await self._tell_writer(exc.envelope)
                 raise pyfuse3.FUSEError(exc.errno) from None
             except OSError as exc:
                 if quiet:
@@ -447,6 +448,18 @@ class Operations(pyfuse3.Operations):
 
     def _is_state_dir(self, path: bytes) -> bool:
         return path == b".rw"
+
+    async def _tell_writer(self, env: dict[str, Any]) -> None:
+        """One line on the stderr of the writer now waiting for this refusal (notice.py)."""
+        mode = self.ws.policy.tell_writer
+        if mode == "off" or not env.get("pid"):
+            return
+        line = f"rwfs: {env['message']}"
+        if env.get("path"):
+            line += f" Details: {self.control.info['mountpoint']}/.rw/why/{env['path']}"
+        await trio.to_thread.run_sync(
+            notice.tell, env["pid"], env.get("comm") or "", line + "\n", mode == "always"
+        )
 
     def _who(self, ctx: Any) -> dict[str, Any]:
         pid = ctx.pid

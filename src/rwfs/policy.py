@@ -59,6 +59,11 @@ retry_budget = 3
 # error -74"; EIO is known everywhere).
 refusal_errno = "EBADMSG"
 
+# A refused writer that never heard of rwfs sees only that errno. "captured": rwfs also
+# writes one line saying why on its stderr when that is a pipe or socket (what an agent's
+# shell tool reads); "always": on a terminal too; "off".
+tell_writer = "captured"
+
 # An explicit batch whose commit was interrupted by a crash: "manual" (it waits for
 # `resume` or `rollback` in .rw/batches/NAME/ctl) or "auto" (recovery rolls it forward).
 resume = "manual"
@@ -131,6 +136,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "passthrough": list,
     "retry_budget": int,
     "refusal_errno": str,
+    "tell_writer": str,
     "resume": str,
     "stale_write": str,
     "retain_days": int,
@@ -212,6 +218,7 @@ class Policy:
     passthrough: list[str] = field(default_factory=lambda: list(DEFAULT_PASSTHROUGH))
     retry_budget: int = 3
     refusal_errno: str = "EBADMSG"
+    tell_writer: str = "captured"
     resume: str = "manual"
     stale_write: str = "warn"
     retain_days: int = 30
@@ -277,6 +284,8 @@ class Policy:
             raise PolicyError("retain_days and retain_bytes must be 0 or more")
         if raw.get("stale_write", "warn") not in ("warn", "conflict", "off"):
             raise PolicyError('stale_write must be "warn", "conflict" or "off"')
+        if raw.get("tell_writer", "captured") not in ("captured", "always", "off"):
+            raise PolicyError('tell_writer must be "captured", "always" or "off"')
         if raw.get("resume", "manual") not in ("manual", "auto"):
             raise PolicyError('resume must be "manual" or "auto"')
         name = raw.get("refusal_errno", "EBADMSG")
