@@ -12,6 +12,7 @@ import pty
 import socket
 import subprocess
 import sys
+import tty
 
 from conftest import Mount
 
@@ -185,7 +186,9 @@ def test_a_refused_writer_that_never_heard_of_rwfs_is_told_why_on_its_stderr(
     assert line.startswith(told(mount, "decoder.py")) and line.endswith("\n"), line
 
 
-def test_no_line_goes_to_a_file_a_terminal_or_anywhere_when_off(mount: Mount, tmp_path) -> None:
+def test_no_line_goes_to_a_file_a_full_screen_program_or_anywhere_when_off(
+    mount: Mount, tmp_path
+) -> None:
     f = mount.path / "decoder.py"
     f.write_text(REAL)
     log = tmp_path / "stderr.txt"
@@ -193,9 +196,11 @@ def test_no_line_goes_to_a_file_a_terminal_or_anywhere_when_off(mount: Mount, tm
         res = subprocess.run([sys.executable, "-c", BREAK, str(f)], stderr=out)
     assert res.returncode == errno.EBADMSG and log.read_bytes() == b""
 
-    def on_terminal() -> bytes:
+    def on_terminal(raw: bool) -> bytes:
         master, slave = pty.openpty()
         try:
+            if raw:  # as a full-screen program leaves it
+                tty.setraw(slave)
             res = subprocess.run([sys.executable, "-c", BREAK, str(f)], stderr=slave)
             assert res.returncode == errno.EBADMSG
             os.set_blocking(master, False)
@@ -207,17 +212,19 @@ def test_no_line_goes_to_a_file_a_terminal_or_anywhere_when_off(mount: Mount, tm
             os.close(slave)
             os.close(master)
 
-    assert on_terminal() == b""  # a full-screen program's terminal is left alone
+    assert on_terminal(raw=False).decode().startswith(told(mount, "decoder.py"))
+    assert on_terminal(raw=True) == b""  # a full-screen program's display is left alone
     policy = mount.path / ".rw" / "policy.toml"
     text = policy.read_text()
-    policy.write_text(text.replace('tell_writer = "captured"', 'tell_writer = "always"'))
-    assert on_terminal().decode().startswith(told(mount, "decoder.py"))
-    policy.write_text(text.replace('tell_writer = "captured"', 'tell_writer = "off"'))
+    policy.write_text(text.replace('tell_writer = "auto"', 'tell_writer = "always"'))
+    assert on_terminal(raw=True).decode().startswith(told(mount, "decoder.py"))
+    policy.write_text(text.replace('tell_writer = "auto"', 'tell_writer = "off"'))
     res = subprocess.run([sys.executable, "-c", BREAK, str(f)], capture_output=True)
     assert (res.returncode, res.stderr) == (errno.EBADMSG, b"")
+    assert on_terminal(raw=False) == b""
     assert why(mount, "decoder.py")["error"] == "blocked"  # .rw/ tells, whatever the setting
     try:
-        policy.write_text(text.replace('tell_writer = "captured"', 'tell_writer = "loud"'))
+        policy.write_text(text.replace('tell_writer = "auto"', 'tell_writer = "loud"'))
     except OSError as exc:
         assert exc.errno == errno.EINVAL
     else:

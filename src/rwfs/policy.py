@@ -59,10 +59,11 @@ retry_budget = 3
 # error -74"; EIO is known everywhere).
 refusal_errno = "EBADMSG"
 
-# A refused writer that never heard of rwfs sees only that errno. "captured": rwfs also
-# writes one line saying why on its stderr when that is a pipe or socket (what an agent's
-# shell tool reads); "always": on a terminal too; "off".
-tell_writer = "captured"
+# A refused writer that never heard of rwfs sees only that errno. "auto": rwfs also writes
+# one line saying why on its stderr when that is a pipe or socket (what an agent's shell
+# tool reads) or a terminal in line mode; "always": also on a terminal a full-screen
+# program holds (the line draws over its display); "off".
+tell_writer = "auto"
 
 # An explicit batch whose commit was interrupted by a crash: "manual" (it waits for
 # `resume` or `rollback` in .rw/batches/NAME/ctl) or "auto" (recovery rolls it forward).
@@ -218,7 +219,7 @@ class Policy:
     passthrough: list[str] = field(default_factory=lambda: list(DEFAULT_PASSTHROUGH))
     retry_budget: int = 3
     refusal_errno: str = "EBADMSG"
-    tell_writer: str = "captured"
+    tell_writer: str = "auto"
     resume: str = "manual"
     stale_write: str = "warn"
     retain_days: int = 30
@@ -284,8 +285,8 @@ class Policy:
             raise PolicyError("retain_days and retain_bytes must be 0 or more")
         if raw.get("stale_write", "warn") not in ("warn", "conflict", "off"):
             raise PolicyError('stale_write must be "warn", "conflict" or "off"')
-        if raw.get("tell_writer", "captured") not in ("captured", "always", "off"):
-            raise PolicyError('tell_writer must be "captured", "always" or "off"')
+        if raw.get("tell_writer", "auto") not in ("auto", "always", "off"):
+            raise PolicyError('tell_writer must be "auto", "always" or "off"')
         if raw.get("resume", "manual") not in ("manual", "auto"):
             raise PolicyError('resume must be "manual" or "auto"')
         name = raw.get("refusal_errno", "EBADMSG")
