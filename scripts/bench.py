@@ -1,10 +1,12 @@
-"""rwfs benchmark: each workload on a native directory and on rwfs mounts (group, strict).
+"""rwfs benchmark: each workload on a native directory, a bindfs mount and rwfs mounts
+(group, strict).
 
 Run through ``scripts/bench`` (which bootstraps the venv). Every measurement gets a fresh
 temporary directory under /tmp; every rwfs measurement mounts a fresh workspace over itself
 and always unmounts it (``fusermount3 -u``, then ``-u -z``, then SIGKILL of the daemon this
-script started). The table gives the median over ``--runs`` runs and the ratio to native,
-all measured in the same run. Timings belong here, never in tests.
+script started). The table gives the median over ``--runs`` runs, the ratio to native and
+each rwfs mode's ratio to bindfs (the targets' base, docs/performance.md), all measured in
+the same run. Timings belong here, never in tests.
 """
 
 from __future__ import annotations
@@ -1178,7 +1180,10 @@ def main(argv: list[str] | None = None) -> int:
         " read back right after\n       its write (which includes a final fsync), then again;"
         " the fsync small-file row compares with\n       native fsyncing each file too; every"
         " cell used a fresh /tmp dir and mount;\n       bindfs is a C passthrough"
-        " filesystem (no journaling) over another directory, the FUSE baseline."
+        " filesystem (no journaling) over another directory, the FUSE baseline;\n"
+        f"       the metadata mix is the wall time of {META_PROCS} processes at once; the"
+        " checkout runs in a clone made untimed;\n       targets to bindfs are marked in"
+        " the m/bindfs columns, those to native in m/nat."
     )
     c = medians.get("floor_c", {}).get("native")
     rw = medians.get("floor", {}).get("group")
