@@ -52,12 +52,11 @@ def live_bytes(ws: Workspace, path: str) -> bytes:
 
 
 def actual_bytes(ws: Workspace, info: dict[str, Any]) -> bytes:
-    """The version the conflicting write met: the live file, or, for a stale write inside
-    an open batch, the batch's draft the mount showed (kept as an object: the tree never
-    held it)."""
-    if info.get("reason") == "stale_write" and info.get("batch") and info.get("actual"):
-        if ws.objects.exists(info["actual"]):
-            return object_bytes(ws, info["actual"])
+    """The version the conflicting write met: its object if one is kept (a stale write
+    keeps what the mount showed, which the tree may never have held: a batch's draft, a
+    commit still queued), else the live file."""
+    if info.get("actual") and ws.objects.exists(info["actual"]):
+        return object_bytes(ws, info["actual"])
     return live_bytes(ws, info["path"])
 
 
@@ -148,6 +147,7 @@ async def resolve(ws: Workspace, cid: int, verb: str, who: dict[str, Any]) -> No
 
 async def _take_intended(ws: Workspace, info: dict[str, Any]) -> None:
     path = os.fsencode(info["path"])
+    await ws.sync()  # the actual bytes may be a commit still queued: the tree first
 
     def stage() -> Any:
         live, _ = ws.live_digest(path)

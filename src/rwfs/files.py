@@ -262,8 +262,13 @@ class Files:
             self._unvirtual(inode, c.outcome)
         if inode.stage is c.stage:
             inode.stage = None
-        elif inode.stage is not None and c.outcome in ("committed", "landed"):
+        elif (
+            inode.stage is not None
+            and inode.pending is None
+            and c.outcome in ("committed", "landed")
+        ):
             # A stage opened on top of a batch's draft: its base is now the tree's bytes.
+            # (Not one built on a later commit still queued: its base is that commit's.)
             inode.stage.expected = c.intended
         if c.outcome == "committed" and c.info.get("in_place"):
             pass  # a hard-linked file: its own inode holds the bytes now, the stage goes
@@ -364,6 +369,13 @@ class Files:
                     # A draft an open batch holds: build on it, against the batch's base.
                     inode.stage = await self.ws.new_stage(held.stage.fd, truncate)
                     inode.stage.expected = held.stage.expected
+                    continue
+                if held is not None and held.intended is not None and held.stage.fd >= 0:
+                    # A commit still queued: build on its bytes, as a rewrite loop does,
+                    # instead of waiting for its group. It lands first (the queue is in
+                    # order), then this one replaces it; recovery knows the chain.
+                    source = held.stage.fd
+                    inode.stage = await self.ws.new_stage(source, truncate, held.intended)
                     continue
                 if held is not None:
                     await self.settle(inode)
@@ -897,7 +909,7 @@ class Files:
             return
         if intended == stage.expected:
             self.ws.drop_stage(stage)
-            inode.stage = None
+            inode.stage = self.beneath(inode)
             os.utime(rel(path), dir_fd=self.ws.root_fd, follow_symlinks=False)
             self.ws.record(
                 {
@@ -981,16 +993,16 @@ class Files:
         if batch is not None and await self.batches.hold(batch, commit, wait):
             inode.pending = commit
             return
-        inode.pending = commit
+        before, inode.pending = inode.pending, commit
         try:
             await self.ws.submit(commit, wait)
         except BaseException:
             # Refused before the committer took it (e.g. the journal is unavailable):
             # nothing was written, so the stage goes and the file reads as before.
             if inode.pending is commit and not self.ws.is_queued(commit):
-                inode.pending = None
+                inode.pending = before if before is not None and not before.settled else None
                 if inode.stage is stage:
-                    inode.stage = None
+                    inode.stage = self.beneath(inode)
                 self.ws.drop_stage(stage)
                 self.kernel.invalidate(inode)
             raise
@@ -1073,6 +1085,9 @@ class Files:
             return held.intended, held.stage.fd
         if inode.virtual:
             return EMPTY_DIGEST, -1
+        queued = Files.beneath(inode)
+        if queued is not None and queued is not stage:
+            return stage.expected, queued.fd  # built on a commit not yet landed
         return stage.expected, inode.fd
 
     async def _unstage(self, inode: Inode, held: Commit | None, stage: Stage) -> None:
@@ -1088,7 +1103,14 @@ class Files:
             # Unsealed: the last release commits it, so the batch holds the empty file.
             inode.stage = await self.ws.empty_stage(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
         else:
-            inode.stage = None
+            inode.stage = self.beneath(inode)
+
+    @staticmethod
+    def beneath(inode: Inode) -> Stage | None:
+        """The stage the mount shows when the file has none being written: its queued
+        commit's (not landed yet), None for the tree's file."""
+        queued = inode.pending
+        return queued.stage if queued is not None and queued.stage.fd >= 0 else None
 
     def _stale_read(self, inode: Inode, who: dict[str, Any]) -> str | None:
         """A lost update (SPEC §6.4): the digest this process last read of the file ("" if

@@ -17,6 +17,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import lmdb
@@ -54,11 +55,12 @@ def recover(
     finally:
         log.close()
     unsettled = [r for r in ws.store.unsettled() if not is_explicit(r)]
+    later = _superseding(unsettled)
     for n, receipt in enumerate(unsettled, 1):
         if n % 500 == 0:
             say(f"recovery: {n}/{len(unsettled)} receipts")
         try:
-            outcome = _settle(ws, receipt)
+            outcome = _settle(ws, receipt, later.get(receipt["id"], set()))
         except Exception as exc:
             _failed(ws, summary, f"receipt {receipt.get('id')} for {receipt.get('path')}", exc)
             continue
@@ -283,8 +285,28 @@ def _landed(ws: Workspace, ev: dict[str, Any]) -> bool:
     return True
 
 
-def _settle(ws: Workspace, receipt: dict[str, Any]) -> str:
-    """Classify one unsettled receipt by the live file (the §6.2 table) and act on it."""
+def _superseding(receipts: list[dict[str, Any]]) -> dict[int, set[str]]:
+    """For each receipt, the digests of the later receipts of its path that build on it
+    (each one's expected the previous one's intended: rewrites of a file, each begun
+    while the one before was queued). A file that holds one of those shows that this
+    receipt's commit landed and a later one replaced it."""
+    after: dict[int, set[str]] = {}
+    chains: dict[str, list[dict[str, Any]]] = {}
+    for r in receipts:  # in receipt order: the order the commits were queued
+        chain = chains.setdefault(r["path"], [])
+        for earlier in chain:
+            if r.get("expected") in after[earlier["id"]] | {earlier.get("intended")}:
+                after[earlier["id"]].add(r["intended"])
+        chain.append(r)
+        after[r["id"]] = set()
+    return after
+
+
+def _settle(
+    ws: Workspace, receipt: dict[str, Any], superseded_by: AbstractSet[str] = frozenset()
+) -> str:
+    """Classify one unsettled receipt by the live file (the §6.2 table) and act on it;
+    ``superseded_by``: what later receipts of the path wrote on top of it."""
     path = os.fsencode(receipt["path"])
     try:
         live, st = ws.live_digest(path)
@@ -305,7 +327,7 @@ def _settle(ws: Workspace, receipt: dict[str, Any]) -> str:
     # A directory, symlink, FIFO, socket or device node (never opened) holds neither
     # version, even where one of them is "absent" (a null digest): a conflict.
     special = st is not None and not stat.S_ISREG(st.st_mode)
-    if live == receipt["intended"] and not special:
+    if (live == receipt["intended"] or live in superseded_by) and not special:
         c.outcome = "landed"
         c.info["kept"] = ws.objects.exists(receipt["expected"])
         ws.landed_links(c, st)

@@ -448,16 +448,19 @@ class Workspace:
 
     # ---- stages ----
 
-    async def new_stage(self, source_fd: int, truncate: bool) -> Stage:
-        """A stage for the file behind ``source_fd``: its bytes (or none, if truncating)."""
-        if os.fstat(source_fd).st_size == 0:
-            # Nothing to copy or hash (a new file's first write, an O_TRUNC create): a few
-            # metadata calls, cheaper here than a worker-thread hop.
-            return self._new_stage(source_fd, truncate)
+    async def new_stage(self, source_fd: int, truncate: bool, expected: str | None = None) -> Stage:
+        """A stage for the file behind ``source_fd``: its bytes (or none, if truncating).
+        ``expected``: their digest, when the caller knows it (a queued commit's stage)."""
+        if os.fstat(source_fd).st_size == 0 or (truncate and expected is not None):
+            # Nothing to copy or hash (a new file's first write, an O_TRUNC create or
+            # rewrite): a few metadata calls, cheaper here than a worker-thread hop.
+            return self._new_stage(source_fd, truncate, expected)
         with borrowed(source_fd) as (src,):
-            return await trio.to_thread.run_sync(self._new_stage, src, truncate, limiter=_LIMIT)
+            return await trio.to_thread.run_sync(
+                self._new_stage, src, truncate, expected, limiter=_LIMIT
+            )
 
-    def _new_stage(self, source_fd: int, truncate: bool) -> Stage:
+    def _new_stage(self, source_fd: int, truncate: bool, known: str | None = None) -> Stage:
         fd, name = self._take_spare()
         if fd < 0:
             name = unique_id().encode()
@@ -467,7 +470,7 @@ class Workspace:
             st = os.fstat(source_fd)
             copy_metadata(source_fd, fd, st)
             if truncate:
-                expected = self.digest_of_fd(source_fd)
+                expected = known or self.digest_of_fd(source_fd)
             else:
                 expected, _ = copy_fd(source_fd, fd)
                 # So the commit's check of the live file rarely reads it again.
@@ -747,10 +750,11 @@ class Workspace:
         """Refuse a lost update (policy ``stale_write = "conflict"``): the writer's bytes are
         kept, a conflict is opened with what it read as the base, and ESTALE says so.
 
-        ``actual`` is what the mount shows of the file, (digest, descriptor): in an open
-        ``batch``, the batch's draft, kept as an object too, since the tree does not hold
-        it. The bytes the writer read are kept from ``read_fd`` (a file replaced since it
-        read it) or else from the tree, if they are not kept yet (a batch's base)."""
+        ``actual`` is what the mount shows of the file, (digest, descriptor), kept as an
+        object too: the tree may not hold it (an open ``batch``'s draft, a commit still
+        queued). The bytes the writer read are kept from ``read_fd`` (a file replaced
+        since it read it) or else from the tree, if they are not kept yet (a batch's
+        base)."""
         name = fsdecode(path)
         shown = actual[0]
 
@@ -766,7 +770,7 @@ class Workspace:
                 **{k: info[k] for k in ("pid", "comm", "uid", "session") if k in info},
             }
             lsn = txn.append_event(ev)
-            for digest in {intended, read, shown} if batch else {intended}:
+            for digest in {intended, read, shown}:
                 if digest is not None and self.objects.exists(digest):
                     txn.add_object(digest, 0, lsn)
             return int(
@@ -785,7 +789,7 @@ class Workspace:
 
         def keep(stage_fd: int, shown_fd: int) -> None:
             self.objects.keep_fd_copy(stage_fd, intended)
-            if batch is not None and shown is not None and shown_fd >= 0:
+            if shown is not None and shown_fd >= 0:
                 self.objects.keep_fd_copy(shown_fd, shown)
             if read is not None and read_fd >= 0:
                 self.objects.keep_fd_copy(read_fd, read)
