@@ -726,9 +726,8 @@ def profile_pass(n: int, top: int) -> dict[str, Any]:
             d.profile_toggle()
             files = run()["file"][1]
             d.idle()
-            d.profile_toggle()
             got: dict[str, Any] = {"files": files}
-            if sp is not None:
+            if sp is not None:  # stopped first: cProfile's dump is no part of the workload
                 sp.send_signal(signal.SIGINT)
                 try:
                     sp.wait(60)
@@ -737,6 +736,7 @@ def profile_pass(n: int, top: int) -> dict[str, Any]:
                     sp.wait(10)
                 if raw.exists():
                     got["pyspy"] = pyspy_self(raw, top)
+            d.profile_toggle()
             prof = sorted(d.out.glob("profile-*.pstats"), key=os.path.getmtime)[-1]
             got["cprofile"] = cprofile_top(prof, top)
             out[w] = got
@@ -787,10 +787,10 @@ def pyspy_self(path: Path, top: int) -> dict[str, Any]:
 
 
 def _short(file: str) -> str:
-    for marker in ("/site-packages/", "/src/", "/lib/python3"):
+    for marker in ("/site-packages/", "/src/", "/scripts/"):
         if marker in file:
             return file.split(marker, 1)[1]
-    return file
+    return re.sub(r"^.*/lib/python3\.\d+/", "", file)
 
 
 # ---------------------------------------------------------------------------------------
@@ -896,14 +896,15 @@ def report(res: dict[str, Any]) -> str:
         rows = res["measure"][mode]
         fl = next((r for r in rows if r["workload"] == "floor"), None)
         rw_floor = fl["wall_s"] / fl["units"] * 1e6 if fl else None
-        floor_us = floor_c or rw_floor or 50.0
+        floor_us = res.get("unit_us") or floor_c or rw_floor or 50.0
         parts.append(f"### {mode}\n")
         if fl:
             c = fl["counters"].get("op:getxattr", [1, 0.0])
             parts.append(
                 f"getxattr on this mount: {rw_floor:.1f} µs a request wall, "
                 f"{c[1] / c[0] * 1e6:.1f} µs in the handler"
-                + (f"; the C server's floor: {floor_c:.1f} µs (the unit below)" if floor_c else "")
+                + (f"; the C server's floor: {floor_c:.1f} µs" if floor_c else "")
+                + f"; the unit of × below: {floor_us:.1f} µs"
                 + "\n"
             )
         parts.append(summary_table(rows, floor_us) + "\n")
@@ -976,12 +977,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-count", action="store_true", help="skip the debug + strace pass")
     ap.add_argument("--no-profile", action="store_true", help="skip the profile pass")
     ap.add_argument("--no-c-floor", action="store_true", help="skip the C libfuse server")
+    ap.add_argument(
+        "--unit-us",
+        type=float,
+        help="the request cost the × column divides by (default: the C server's, measured)",
+    )
     ap.add_argument("--top", type=int, default=15, help="functions per profile (15)")
     ap.add_argument("--json", type=Path, help="also write every figure to this file")
     args = ap.parse_args(argv)
     modes = tuple(m for m in args.modes.split(",") if m)
     which = tuple(w for w in args.only.split(",") if w)
     res: dict[str, Any] = {"modes": modes, "measure": {}, "count": {}, "files": args.files}
+    res["unit_us"] = args.unit_us
     with open("/proc/loadavg") as f:
         res["loadavg_before"] = f.read().split()[:3]
     if not args.no_c_floor:
