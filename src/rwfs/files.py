@@ -910,7 +910,10 @@ class Files:
         if intended == stage.expected:
             self.ws.drop_stage(stage)
             inode.stage = self.beneath(inode)
-            os.utime(rel(path), dir_fd=self.ws.root_fd, follow_symlinks=False)
+            if inode.stage is not None:  # a write all the same: mtime moves where it shows
+                os.utime(inode.stage.fd)
+            else:
+                os.utime(rel(path), dir_fd=self.ws.root_fd, follow_symlinks=False)
             self.ws.record(
                 {
                     "op": "noop",
