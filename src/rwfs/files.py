@@ -888,6 +888,8 @@ class Files:
         gate = stage.written and (
             shown != EMPTY_DIGEST or self.ws.policy.gate("secrets", gated)["action"] != "off"
         )
+        if shown == EMPTY_DIGEST:
+            base_fd = -1  # nothing to read: judged as a new file (and sealed on the loop)
         if removed is not None and stage.written:  # judged against the file the save removed
             base_fd, gate = removed, True
         intended, size, findings = await self.ws.seal(stage, (gated, base_fd) if gate else None)
