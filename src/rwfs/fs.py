@@ -594,29 +594,40 @@ class Operations(pyfuse3.Operations):
 
     # ---- namespace ----
 
-    def _new_entry(self, path: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+    def _new_entry(self, path: bytes, ctx: Any, fd: int = -1) -> pyfuse3.EntryAttributes:
         """The entry the daemon just made for the caller, given the caller's owner (a root
         daemon made it as root). Its set-user-ID and set-group-ID bits, which the chown
         clears on anything but a directory, are put back: the caller asked for them (the
-        kernel already dropped a set-group-ID bit the caller may not have)."""
+        kernel already dropped a set-group-ID bit the caller may not have). ``fd``: the
+        new file's descriptor (read and write); this takes it, as the file's backing
+        descriptor, which saves the open that follows a create."""
         kw: dict[str, Any] = {"dir_fd": self.ws.root_fd, "follow_symlinks": False}
-        st = os.stat(path, **kw)
-        if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (ctx.uid, ctx.gid):
-            gid = ctx.gid
-            if st.st_gid != ctx.gid:
-                # In a set-group-ID directory a new entry takes the directory's group, as
-                # the backing filesystem gave it (POSIX; ext4 without grpid).
-                parent = path.rpartition(b"/")[0] or b"."
-                if os.stat(parent, **kw).st_mode & stat.S_ISGID:
-                    gid = st.st_gid
-            if (st.st_uid, st.st_gid) != (ctx.uid, gid):
-                os.chown(path, ctx.uid, gid, **kw)
-                setid = stat.S_IMODE(st.st_mode) & (stat.S_ISUID | stat.S_ISGID)
-                if setid and not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
-                    os.chmod(path, stat.S_IMODE(st.st_mode), dir_fd=self.ws.root_fd)
-                st = os.stat(path, **kw)
-        inode = self.inodes.resolve(path, st)
+        try:
+            st = os.stat(path, **kw) if fd < 0 else os.fstat(fd)
+            if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (ctx.uid, ctx.gid):
+                gid = ctx.gid
+                if st.st_gid != ctx.gid:
+                    # In a set-group-ID directory a new entry takes the directory's group,
+                    # as the backing filesystem gave it (POSIX; ext4 without grpid).
+                    parent = path.rpartition(b"/")[0] or b"."
+                    if os.stat(parent, **kw).st_mode & stat.S_ISGID:
+                        gid = st.st_gid
+                if (st.st_uid, st.st_gid) != (ctx.uid, gid):
+                    os.chown(path, ctx.uid, gid, **kw)
+                    setid = stat.S_IMODE(st.st_mode) & (stat.S_ISUID | stat.S_ISGID)
+                    if setid and not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+                        os.chmod(path, stat.S_IMODE(st.st_mode), dir_fd=self.ws.root_fd)
+                    st = os.stat(path, **kw)
+            inode = self.inodes.resolve(path, st)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            raise
         inode.lookups += 1
+        if fd >= 0 and inode.fd < 0:
+            inode.fd, inode.fd_writable = fd, True
+        elif fd >= 0:
+            os.close(fd)
         return self._attr(inode.ino, st)
 
     def _parent_path(self, parent_inode: int, name: bytes) -> bytes:
@@ -795,22 +806,30 @@ class Operations(pyfuse3.Operations):
             attr = self._attr(virtual.ino, self._stat(virtual))
             fi = await self.open(attr.st_ino, flags & ~(os.O_EXCL | os.O_TRUNC), ctx)
             return fi, attr
-        how = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
-        created = False
+        how = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        created, fd = False, -1
         try:
             with self.ws.operation(
                 self.files.journaled(path), who, "create", path, intended=EMPTY_DIGEST, mode=made
             ):
-                os.close(os.open(path, how, made, dir_fd=self.ws.root_fd))
+                fd = os.open(path, how, made, dir_fd=self.ws.root_fd)
             created = True
         except FileExistsError:
             if flags & os.O_EXCL:
                 raise
             # Created by someone else since the kernel's lookup: open it, as open(2) would.
-        attr = self._new_entry(path, ctx)
+        except BaseException:
+            if fd >= 0:  # made, but its journaling failed after the syscall
+                os.close(fd)
+            raise
+        attr = self._new_entry(path, ctx, fd)
         if created:
             self.files.path_made(path, attr.st_ino, who["pid"])
-        fi = await self.open(attr.st_ino, flags & ~os.O_EXCL, ctx)
+        try:
+            fi = await self.open(attr.st_ino, flags & ~os.O_EXCL, ctx)
+        except BaseException:
+            self.files.release_fd(self._inode(attr.st_ino))  # the descriptor adopted above
+            raise
         return fi, attr
 
     @_guard()
