@@ -57,7 +57,6 @@ def test_rewrites_build_on_queued_versions_and_each_is_journaled(workspace: Path
         assert all(a[1] == b[0] for a, b in itertools.pairwise(chain)), "a version was skipped"
         history = sorted((m.path / ".rw" / "history" / "m.py").iterdir())
         assert len(history) == 21 and history[-1].read_bytes() == last
-        assert (workspace / "m.py").read_bytes() == last  # (under the mount: the raw tree)
     finally:
         m.stop()
     check_clean(m)
@@ -114,6 +113,25 @@ def test_a_crash_in_a_chain_of_rewrites(workspace: Path, point: str) -> None:
         )
         chain = writes(m, "m.py")
         assert chain == [(sha(version(n - 1)), sha(version(n))) for n in acked], chain
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_a_batch_opened_while_a_version_is_queued_takes_it_as_its_base(workspace: Path) -> None:
+    prepare_state(workspace, SLOW)
+    (workspace / "m.py").write_bytes(version(0))
+    m = Mount(workspace).start()
+    try:
+        f, rw = m.path / "m.py", m.path / ".rw"
+        f.write_bytes(version(1))  # queued
+        (rw / "batches" / "b").mkdir()
+        f.write_bytes(version(2))  # the batch's draft, built on version 1
+        diff = (rw / "batches" / "b" / "diff").read_text()
+        assert "-x_1 = 1001" in diff and "+x_2 = 1002" in diff, diff
+        (rw / "batches" / "b" / "ctl").write_text("abort\n")
+        assert f.read_bytes() == version(1)
+        assert writes(m, "m.py") == [(sha(version(0)), sha(version(1)))]
     finally:
         m.stop()
     check_clean(m)

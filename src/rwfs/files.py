@@ -995,6 +995,10 @@ class Files:
         if batch is None and inode.virtual:  # made again where the batch deletes a file
             batch = self.batches.holding(path)
         batch = batch or self.batches.for_writer(ctx_info)
+        if batch is not None and held is None and inode.pending is not None:
+            # Built on a commit still queued (``ensure_stage``): a batch's base is the
+            # tree's bytes, so that one lands first.
+            await self.settle(inode)
         if batch is not None and await self.batches.hold(batch, commit, wait):
             inode.pending = commit
             return
