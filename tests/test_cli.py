@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -125,3 +127,19 @@ def test_batch_snapshot_restore_undo_and_conflicts_verbs(mount: Mount) -> None:
     assert (mount.path / "a.txt").read_text() == "a2\n"
     res = rwfs("batch", "status", "-C", "/")
     assert res.returncode == 1 and "not inside an rwfs mount" in res.stderr
+
+
+def test_a_stopped_daemon_elsewhere_does_not_hang_a_verb_here(mount: Mount, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "a.txt").write_text("a\n")
+    Mount(other).start().stop()  # a workspace with state, not mounted now
+    assert mount.proc is not None
+    os.kill(mount.proc.pid, signal.SIGSTOP)  # as a debugger would leave it
+    try:
+        res = subprocess.run(
+            [*RWFS, "fsck", str(other)], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        os.kill(mount.proc.pid, signal.SIGCONT)
+    assert res.returncode == 0 and "agree" in res.stdout, res

@@ -23,6 +23,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +31,8 @@ from .mount import QuietError, dead, locate, refuse_nesting, rwfs_mounts, spawn,
 from .store import Store
 
 PR_SET_CHILD_SUBREAPER = 36
+# How long to wait for another mount's .rw/status when looking for a workspace's mount.
+ASK_MOUNT_S = 2.0
 FORWARDED = (
     signal.SIGINT,
     signal.SIGTERM,
@@ -75,11 +78,21 @@ def mount_workspace(mountpoint: str) -> str | None:
         return None
 
 
+def _ask(point: str, found: list[str | None]) -> None:
+    found.append(mount_workspace(point))
+
+
 def _mount_of_workspace(ws: str, mounts: dict[str, str]) -> str | None:
     if ws in mounts:
         return ws
     for point in mounts:
-        if mount_workspace(point) == ws:
+        # Another mount's daemon may be stopped (a debugger, SIGSTOP): its status would
+        # block this command for good, so it is asked in a thread, for a while.
+        found: list[str | None] = []
+        asker = threading.Thread(target=_ask, args=(point, found), daemon=True)
+        asker.start()
+        asker.join(ASK_MOUNT_S)
+        if found and found[0] == ws:
             return point
     return None
 
