@@ -390,6 +390,18 @@ def w_small_fsync(env: Env) -> dict[str, float]:
     return {"small_fsync": _small_files(env, fsync=True)}
 
 
+def rewrite_all(path: Path, versions: list[bytes]) -> float:
+    """Rewrite ``path`` with each of ``versions`` in turn (O_TRUNC, write, close): seconds."""
+    t0 = time.perf_counter()
+    for data in versions:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t0
+
+
 def w_rewrite(env: Env) -> dict[str, float]:
     """One process rewrites one 100-line Python file in full, each time one line changed:
     an editor's or an agent's save loop. A .py file outside the passthrough globs, so rwfs
@@ -408,14 +420,7 @@ def w_rewrite(env: Env) -> dict[str, float]:
         values[i % len(values)] += 1000
         versions.append(text())
     env.settle()
-    t0 = time.perf_counter()
-    for data in versions:
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-    t = time.perf_counter() - t0
+    t = rewrite_all(path, versions)
     if path.read_bytes() != versions[-1]:
         raise BenchError(f"{path} does not hold its last version")
     return {"rewrite": t}
