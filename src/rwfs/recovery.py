@@ -17,7 +17,6 @@ import os
 import stat
 import sys
 from collections.abc import Callable
-from collections.abc import Set as AbstractSet
 from typing import Any
 
 import lmdb
@@ -55,12 +54,12 @@ def recover(
     finally:
         log.close()
     unsettled = [r for r in ws.store.unsettled() if not is_explicit(r)]
-    later = _superseding(unsettled)
+    chains = _chains(unsettled)
     for n, receipt in enumerate(unsettled, 1):
         if n % 500 == 0:
             say(f"recovery: {n}/{len(unsettled)} receipts")
         try:
-            outcome = _settle(ws, receipt, later.get(receipt["id"], set()))
+            outcome = _settle(ws, receipt, chains[receipt["id"]])
         except Exception as exc:
             _failed(ws, summary, f"receipt {receipt.get('id')} for {receipt.get('path')}", exc)
             continue
@@ -285,28 +284,29 @@ def _landed(ws: Workspace, ev: dict[str, Any]) -> bool:
     return True
 
 
-def _superseding(receipts: list[dict[str, Any]]) -> dict[int, set[str]]:
-    """For each receipt, the digests of the later receipts of its path that build on it
-    (each one's expected the previous one's intended: rewrites of a file, each begun
-    while the one before was queued). A file that holds one of those shows that this
-    receipt's commit landed and a later one replaced it."""
-    after: dict[int, set[str]] = {}
-    chains: dict[str, list[dict[str, Any]]] = {}
-    for r in receipts:  # in receipt order: the order the commits were queued
-        chain = chains.setdefault(r["path"], [])
-        for earlier in chain:
-            if r.get("expected") in after[earlier["id"]] | {earlier.get("intended")}:
-                after[earlier["id"]].add(r["intended"])
-        chain.append(r)
-        after[r["id"]] = set()
-    return after
+Chain = tuple[dict[str, int], int]  # (digest -> its last place in a chain of receipts, a place)
 
 
-def _settle(
-    ws: Workspace, receipt: dict[str, Any], superseded_by: AbstractSet[str] = frozenset()
-) -> str:
+def _chains(receipts: list[dict[str, Any]]) -> dict[int, Chain]:
+    """Each receipt's chain and place in it: the receipts of a path each built on the one
+    before (its expected the previous one's intended: rewrites of a file, each begun while
+    the one before was queued), in the order they were made, which is the order they were
+    queued and applied. A file that holds the intended digest of a later place shows that
+    a receipt landed and a later one replaced it."""
+    out: dict[int, Chain] = {}
+    tips: dict[tuple[str, str | None], Chain] = {}  # (path, the digest a chain ends at)
+    for r in receipts:
+        chain, place = tips.pop((r["path"], r.get("expected")), ({}, 0))
+        place += 1
+        if r.get("intended") is not None:
+            chain[r["intended"]] = place
+        tips[(r["path"], r.get("intended"))] = out[r["id"]] = (chain, place)
+    return out
+
+
+def _settle(ws: Workspace, receipt: dict[str, Any], chain: Chain = ({}, 0)) -> str:
     """Classify one unsettled receipt by the live file (the §6.2 table) and act on it;
-    ``superseded_by``: what later receipts of the path wrote on top of it."""
+    ``chain``: its place among the receipts of its path that built on each other."""
     path = os.fsencode(receipt["path"])
     try:
         live, st = ws.live_digest(path)
@@ -327,7 +327,9 @@ def _settle(
     # A directory, symlink, FIFO, socket or device node (never opened) holds neither
     # version, even where one of them is "absent" (a null digest): a conflict.
     special = st is not None and not stat.S_ISREG(st.st_mode)
-    if (live == receipt["intended"] or live in superseded_by) and not special:
+    # (A later receipt of its chain wrote the live bytes: this one landed before it.)
+    later = live is not None and chain[0].get(live, 0) > chain[1]
+    if (live == receipt["intended"] or later) and not special:
         c.outcome = "landed"
         c.info["kept"] = ws.objects.exists(receipt["expected"])
         ws.landed_links(c, st)
