@@ -135,3 +135,22 @@ def test_a_batch_opened_while_a_version_is_queued_takes_it_as_its_base(workspace
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_recovery_reads_chains_of_receipts_in_one_pass() -> None:
+    # In-process: the chains recovery finds among unsettled receipts (recovery._chains).
+    from rwfs.recovery import _chains
+
+    def r(n: int, path: str, expected: str, intended: str) -> dict:
+        return {"id": n, "path": path, "expected": expected, "intended": intended}
+
+    receipts = [r(1, "a", "E", "I1"), r(2, "a", "I1", "I2"), r(3, "b", "I1", "X"),
+                r(4, "a", "I2", "I3"), r(5, "a", "E", "Z")]  # fmt: skip
+    chains = _chains(receipts)
+    digests, place = chains[1]
+    assert (digests, place) == ({"I1": 1, "I2": 2, "I3": 3}, 1)
+    assert chains[4] == (digests, 3) and chains[2][1] == 2
+    assert chains[3] == ({"X": 1}, 1)  # another path: no chain with a's
+    assert chains[5] == ({"Z": 1}, 1)  # the same base again: a chain of its own
+    long = [r(n, "a", f"D{n - 1}", f"D{n}") for n in range(1, 5001)]
+    assert _chains(long)[1][0]["D5000"] == 5000  # (linear: this is instant)
