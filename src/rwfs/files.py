@@ -222,9 +222,14 @@ class Files:
             await self.ws.settle_commit(inode.pending)
 
     def queued(self, path: bytes) -> list[Commit]:
-        """The commits at ``path`` or below it that are queued or being applied."""
+        """The commits at ``path`` or below it that are queued or being applied (not those
+        a rename replaced: they no longer touch the path)."""
         prefix = path + b"/"
-        return [c for c in self.ws.unsettled() if c.path == path or c.path.startswith(prefix)]
+        return [
+            c
+            for c in self.ws.unsettled()
+            if not c.superseded and (c.path == path or c.path.startswith(prefix))
+        ]
 
     async def settle_below(self, path: bytes) -> None:
         """Settle the commits at ``path`` and, for a directory, below it: a queued commit
@@ -256,6 +261,9 @@ class Files:
                     self.inodes.rekey(inode, (st.st_dev, st.st_ino))
                 self.kernel.invalidate(inode)
             return
+        if c.superseded:
+            self._superseded(inode, c)
+            return
         if inode.pending is c:
             inode.pending = None
         if inode.virtual and inode.pending is None:
@@ -281,6 +289,20 @@ class Files:
             self.inodes.rekey(inode, (st.st_dev, st.st_ino))
         elif c.outcome in ("conflict", "error", "aborted", "noop", "landed", "replaced"):
             self.kernel.invalidate(inode)
+        self.release_fd(inode)
+
+    def _superseded(self, inode: Inode, c: Commit) -> None:
+        """A rename replaced the file while this commit was queued; its bytes are kept as
+        an object now. A descriptor still open on the replaced file reads and writes them
+        until its last close (POSIX keeps a replaced file), as an unlinked file's stage."""
+        if inode.pending is c:
+            inode.pending = None
+        if inode.stage is c.stage and inode.handles > 0 and not inode.paths:
+            c.stage.sealed = False
+        else:
+            if inode.stage is c.stage:
+                inode.stage = None
+            self.ws.drop_stage(c.stage)
         self.release_fd(inode)
 
     def _unvirtual(self, inode: Inode, outcome: str) -> None:
@@ -550,12 +572,12 @@ class Files:
         if self.batch_rename(src, dst, who):
             raise _refused(errno.EXDEV)
         exchange = bool(flags & RENAME_EXCHANGE)
-        # Nothing queued may be left at either name when the rename runs: a commit names
-        # its path, which the rename would make stale (a conflict, ESTALE to a writer
-        # waiting in fsync). Writers can queue more while this waits or gates: again.
+        # A commit names its path, which the rename would make stale (a conflict, ESTALE
+        # to a writer waiting in fsync). A regular file's commits still queued move with
+        # it (``carry``: the save of a temporary file renamed over its target) or, at the
+        # name it replaces, become kept versions (``sup``); anything else queued at either
+        # name lands first. Writers can queue more while this waits or gates: again.
         while True:
-            for p in (src, dst):
-                await self.settle_below(p)
             sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
             try:
                 dst_st: os.stat_result | None = os.stat(
@@ -568,6 +590,11 @@ class Files:
                 return  # two names of one file: rename(2) does nothing and succeeds
             is_dir = stat.S_ISDIR(sst.st_mode)
             journaled = self.journaled(src, sst, is_dir) or self.journaled(dst, dst_st, is_dir)
+            carry, sup = self._movable(src, sst, dst_st, exchange), self._movable(dst, dst_st)
+            if carry is None or sup is None or (not journaled and (carry or sup)):
+                for p in (src, dst):
+                    await self.settle_below(p)
+                continue
             if (
                 journaled
                 and not flags
@@ -575,28 +602,37 @@ class Files:
                 and stat.S_ISREG(dst_st.st_mode)
                 and stat.S_ISREG(sst.st_mode)
             ):
-                await self.gate_rename(src, dst, who)
-            if not self.queued(src) and not self.queued(dst):
+                shown = (carry[-1].stage.fd if carry else -1, sup[-1].stage.fd if sup else -1)
+                await self.gate_rename(src, dst, who, *shown)
+            if self._same(carry, self._movable(src, sst, dst_st, exchange)) and self._same(
+                sup, self._movable(dst, dst_st)
+            ):
                 break
         if journaled:
             moved = None if exchange else self.inodes.by_path.get(src)
             self.path_leaves(src, who["pid"])
             if dst_st is not None:
                 self.path_leaves(dst, who["pid"], moved)
+        # (No await from here to the syscall: the commits carried stay queued.)
         incoming = None
         if journaled and not exchange and dst_st is not None and stat.S_ISREG(dst_st.st_mode):
             incoming = await self.ws.keep_removed(dst, dst_st)  # keep the replaced bytes
+        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         moved_fd = None
-        if journaled and stat.S_ISREG(sst.st_mode):
-            moved_fd = os.open(
-                src,
-                os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                dir_fd=self.ws.root_fd,
-            )
+        if journaled and stat.S_ISREG(sst.st_mode) and not carry:
+            moved_fd = os.open(src, how, dir_fd=self.ws.root_fd)
         # A file renamed away may be made again at its name (vim's default save).
-        removed = (
-            os.dup(moved_fd) if moved_fd is not None and sst.st_size and not exchange else None
-        )
+        removed = None
+        if carry and carry[-1].size and not exchange:
+            removed = os.open(carry[-1].stage.name, how, dir_fd=self.ws.staging_fd)
+        elif moved_fd is not None and sst.st_size and not exchange:
+            removed = os.dup(moved_fd)
+        extra: dict[str, Any] = {}
+        if carry:  # the moved bytes are the last carried commit's, not the tree's yet
+            extra.update(intended=carry[-1].intended, carries=[c.id for c in carry])
+        if sup:  # the replaced bytes are the last superseded commit's
+            extra.update(expected=sup[-1].intended, size=sup[-1].size)
+            extra["supersedes"] = [c.id for c in sup]
         try:
             with self.ws.operation(
                 journaled,
@@ -606,9 +642,15 @@ class Files:
                 incoming,
                 dest=fsdecode(dst),
                 exchange=exchange or None,
+                **extra,
             ) as late:
                 renameat2(self.ws.root_fd, src, self.ws.root_fd, dst, flags)
-                late["hash_fd"] = moved_fd
+                late["hash_fd"], late["carried"] = moved_fd, carry
+                for c in carry:
+                    c.journal_path = c.journal_path or c.path
+                    c.path = dst
+                for c in sup:
+                    c.superseded = True
         except OSError:
             if incoming is not None:
                 os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
@@ -629,6 +671,54 @@ class Files:
                 elif gone is not None and not stat.S_ISDIR(dst_st.st_mode):
                     await self._other_names(gone, dst, dst_st)
             self.inodes.move(src, dst)
+
+    def _movable(
+        self,
+        path: bytes,
+        st: os.stat_result | None,
+        dst_st: os.stat_result | None = None,
+        exchange: bool = False,
+    ) -> list[Commit] | None:
+        """The commits queued at ``path`` if a rename can move its file (or, for the name a
+        rename replaces, replace it) without waiting for them: [] if none is queued; None
+        if they must land first (a directory's, a hard-linked file's, an exchange, ones a
+        group has taken: ``Workspace.movable``). ``dst_st``: the file a moved one replaces,
+        whose bytes must be kept without an await (not hard-linked)."""
+        busy = self.queued(path)
+        if not busy:
+            return []
+        inode = self.inodes.by_path.get(path)
+        if (
+            exchange
+            or inode is None
+            or inode.virtual
+            or len(inode.paths) != 1
+            or inode.pending is not busy[-1]
+            or st is None
+            or not stat.S_ISREG(st.st_mode)
+            or st.st_nlink != 1
+            or (dst_st is not None and not (stat.S_ISREG(dst_st.st_mode) and dst_st.st_nlink == 1))
+        ):
+            return None
+        for c in busy:
+            if not (
+                c.owner is inode
+                and c.path == path
+                and not c.held
+                and c.intended is not None
+                and c.stage.fd >= 0
+                and self.ws.movable(c)
+            ):
+                return None
+        return busy
+
+    @staticmethod
+    def _same(was: list[Commit], now: list[Commit] | None) -> bool:
+        return (
+            now is not None
+            and len(was) == len(now)
+            and all(a is b for a, b in zip(was, now, strict=True))
+        )
 
     async def _other_names(self, inode: Inode, path: bytes, st: os.stat_result) -> None:
         """One name of a hard-linked file went away and the inode table knew no other:
@@ -823,13 +913,21 @@ class Files:
             if fd >= 0:
                 os.close(fd)
 
-    async def gate_rename(self, src: bytes, dst: bytes, who: dict[str, Any]) -> None:
+    async def gate_rename(
+        self, src: bytes, dst: bytes, who: dict[str, Any], src_fd: int = -1, dst_fd: int = -1
+    ) -> None:
         """A rename onto a journaled file is a commit of it: the gates see the moved bytes,
-        and a refusal fails the rename() with both files as they were."""
+        and a refusal fails the rename() with both files as they were. ``src_fd``,
+        ``dst_fd``: the bytes the mount shows there when the tree does not hold them yet
+        (a commit still queued)."""
         how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-        new_fd = os.open(src, how, dir_fd=self.ws.root_fd)
+
+        def shown(fd: int, path: bytes) -> int:
+            return os.dup(fd) if fd >= 0 else os.open(path, how, dir_fd=self.ws.root_fd)
+
+        new_fd = shown(src_fd, src)
         try:
-            old_fd = os.open(dst, how, dir_fd=self.ws.root_fd)
+            old_fd = shown(dst_fd, dst)
             try:
                 findings = await self.ws.run_gates(dst, old_fd, new_fd)
                 if any(f.action == "reject" for f in findings):

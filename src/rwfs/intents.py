@@ -10,8 +10,10 @@ knows which records are already journaled (see recovery.py).
 
 Records: ``{"kind": "commit", "id", "path", "stage", "expected", "intended", "size", …}``,
 ``{"kind": "event", "event": {...}, "incoming": name-or-null}`` followed by ``{"kind": "done"}``
-or ``{"kind": "cancel"}`` with the same ``id``, and ``{"kind": "event", …, "done": true}`` for
-an event recorded after the fact (a noop, a setattr already applied).
+or ``{"kind": "cancel"}`` with the same ``id``, ``{"kind": "event", …, "done": true}`` for
+an event recorded after the fact (a noop, a setattr already applied), and ``{"kind":
+"digests", "events": {id: {field: value}}}``: the removed bytes of events whose kept file the
+group committer moved to its digest name before their records were written.
 """
 
 from __future__ import annotations
@@ -65,6 +67,15 @@ class IntentLog:
                 self._torn = False
             elif done:
                 self._torn = True
+
+    def append_to(self, gen: int, record: dict[str, Any]) -> None:
+        """Append to a generation already rotated out (the committer's thread, while it
+        applies that generation's group)."""
+        fd = self._open(gen)
+        try:
+            os.write(fd, (json.dumps(record) + "\n").encode())
+        finally:
+            os.close(fd)
 
     def rotate(self) -> int:
         """Start a new generation; returns the one just closed."""

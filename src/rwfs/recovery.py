@@ -223,6 +223,7 @@ def _owed(
             done.add(r.get("id"))
         if isinstance(r, dict) and r.get("kind") == "cancel":
             cancelled.add(r.get("id"))
+    events: list[dict[str, Any]] = []
     for r in records:
         try:
             if r["kind"] == "commit" and commits_owed:
@@ -233,9 +234,33 @@ def _owed(
                 and (r["id"] in done or _landed(ws, r["event"]))
             ):
                 owed.append(r)
+                events.append(r["event"])
         except Exception as exc:  # damaged, or the tree cannot be asked: held
             bad.append((r, exc))
-    return owed, bad
+    moved = _moved(events)
+    for r in records:  # the kept files the committer had moved to their digest names
+        if isinstance(r, dict) and r.get("kind") == "digests" and isinstance(r.get("events"), dict):
+            for eid, fields in r["events"].items():
+                moved.setdefault(eid, {})["kept"] = fields
+    return [dict(r, **moved[r["id"]]) if r.get("id") in moved else r for r in owed], bad
+
+
+def _moved(events: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    """Commits a rename that reached the tree moved or replaced while they were queued
+    (``Files.rename``: its event ``carries`` or ``supersedes`` them; both are always in
+    one generation): commit id -> what changes in its record. A moved commit's receipt
+    names the file where the tree has it now, and the path it was written at (``as``); a
+    replaced one only has its bytes kept (``superseded``)."""
+    out: dict[Any, dict[str, Any]] = {}
+    for ev in events:
+        if ev.get("op") != "rename":
+            continue
+        for cid in ev.get("carries") or ():
+            first = out.get(cid, {}).get("as")
+            out[cid] = {"path": ev["dest"], "as": first or ev["path"]}
+        for cid in ev.get("supersedes") or ():
+            out[cid] = dict(out.get(cid, {}), superseded=True)
+    return out
 
 
 def _apply(ws: Workspace, txn: Txn, rec: dict[str, Any]) -> None:
@@ -251,6 +276,7 @@ def _apply(ws: Workspace, txn: Txn, rec: dict[str, Any]) -> None:
                 "intent": rec["id"],
                 "info": rec.get("info", {}),
                 "size": rec["size"],
+                **{k: rec[k] for k in ("as", "superseded") if k in rec},
             }
         )
         return
@@ -259,8 +285,12 @@ def _apply(ws: Workspace, txn: Txn, rec: dict[str, Any]) -> None:
         ev["intended"] = ws.live_digest(os.fsencode(ev["dest"]))[0]
     if rec.get("incoming"):
         got = ws.objects.settle_incoming(rec["incoming"].encode())
-        if got is not None:
+        if got is not None and ev.get("supersedes"):
+            ev["replaced"] = got[0]  # (its ``expected`` is a commit still queued then)
+        elif got is not None:
             ev["expected"], ev["size"] = got
+        else:  # already moved to its digest name by the group the crash cut short
+            ev.update(rec.get("kept") or {})
     record_event(txn, ev)
 
 
@@ -296,6 +326,9 @@ def _chains(receipts: list[dict[str, Any]]) -> dict[int, Chain]:
     out: dict[int, Chain] = {}
     tips: dict[tuple[str, str | None], Chain] = {}  # (path, the digest a chain ends at)
     for r in receipts:
+        if r.get("superseded"):  # (no longer at its path: _settle keeps its bytes)
+            out[r["id"]] = ({}, 0)
+            continue
         chain, place = tips.pop((r["path"], r.get("expected")), ({}, 0))
         place += 1
         if r.get("intended") is not None:
@@ -324,6 +357,12 @@ def _settle(ws: Workspace, receipt: dict[str, Any], chain: Chain = ({}, 0)) -> s
         receipt["expected"],
     )
     c = Commit(path, stage, receipt["intended"], receipt.get("size", 0), info)
+    if receipt.get("as") or receipt.get("superseded"):
+        # A rename moved or replaced the file before this commit landed; the rename's
+        # event (replayed, or recorded by its group) tells of these bytes already.
+        c.info["folded"] = True
+    if receipt.get("superseded"):
+        return _settle_superseded(ws, c, stage_fd)
     # A directory, symlink, FIFO, socket or device node (never opened) holds neither
     # version, even where one of them is "absent" (a null digest): a conflict.
     special = st is not None and not stat.S_ISREG(st.st_mode)
@@ -390,6 +429,28 @@ def _settle(ws: Workspace, receipt: dict[str, Any], chain: Chain = ({}, 0)) -> s
     if c.outcome == "committed" and stage_fd is not None:
         os.close(stage_fd)
     return result
+
+
+def _settle_superseded(ws: Workspace, c: Commit, stage_fd: int | None) -> str:
+    """A commit whose file a rename replaced before it landed: its bytes are a version
+    of the path the rename's event names as replaced, kept as an object; the tree is not
+    touched. Pending if the stage no longer holds them."""
+    if not ws.objects.exists(str(c.intended)):
+        if stage_fd is None or not _holds(stage_fd, str(c.intended)):
+            if stage_fd is not None:
+                os.close(stage_fd)
+            print(
+                f"rwfs: recovery: {os.fsdecode(c.path)}: the bytes of a version a rename "
+                "replaced are gone or damaged; the receipt stays pending",
+                file=sys.stderr,
+            )
+            return "pending"
+        ws.objects.keep_fd_copy(stage_fd, c.intended)
+    c.outcome = "landed"
+    if stage_fd is not None:
+        ws.drop_stage(c.stage)
+    ws.store.write(record_commit, c)
+    return "committed"
 
 
 def _holds(fd: int, digest: str) -> bool:

@@ -257,6 +257,13 @@ class Commit:
     settled: bool = False  # ``Workspace.settle`` ran: the FUSE layer knows the outcome
     failed: int = 0  # attempts of its group that failed (the journal could not commit)
     wake: trio.Event = field(default_factory=trio.Event)  # set on durable, done or a failure
+    # A rename moved the file while this commit was queued (``Files.rename``): ``path`` is
+    # where the tree has the file now, ``journal_path`` where it was written (its event's
+    # path: the journal tells the write, then the rename, as they happened).
+    journal_path: bytes | None = None
+    # A rename replaced the file while this commit was queued: its bytes were the mount's
+    # at ``path`` until then, so they are kept as an object; the tree is not touched.
+    superseded: bool = False
 
     def finish(self) -> None:
         """Settled and recorded: wake whoever waits for it, durable or done."""
@@ -280,6 +287,7 @@ class Event:
     id: str = ""
     lsn: int = 0  # once recorded
     settled: bool = False  # its digests are in ``event`` (``_settle_event_digests``)
+    carried: tuple[Commit, ...] = ()  # a rename's: the queued commits it moved (``carries``)
 
 
 class Workspace:
@@ -328,6 +336,17 @@ class Workspace:
 
     def is_queued(self, commit: Commit) -> bool:
         return any(item is commit for item in (*self._retry, *self._queue))
+
+    def movable(self, commit: Commit) -> bool:
+        """Whether a rename may move (or replace) the file of this queued commit without
+        waiting for it: no group has taken it, and its intent record is in the generation
+        the rename's will be written to (recovery reads them together)."""
+        return (
+            self.journal.ok
+            and not self._retry
+            and not commit.info.get("wait")
+            and any(item is commit for item in self._queue)
+        )
 
     @property
     def queued(self) -> int:
@@ -929,6 +948,7 @@ class Workspace:
         except BaseException:
             self.cancel(item)
             raise
+        item.carried = tuple(late.get("carried", ()))
         self.confirm(item, late.get("hash_fd"))
 
     def confirm(self, item: Event, hash_fd: int | None = None) -> None:
@@ -1173,16 +1193,17 @@ class Workspace:
         gen = gens[-1]
         commits = [c for c in group if isinstance(c, Commit) and not c.replaced]
         t = time.perf_counter()
+        placed = [c for c in commits if not c.superseded]  # (stages renamed into the tree)
         if commits:
-            if len(commits) > 8:
+            if len(placed) > 8:
                 syncfs(self.staging_fd)  # one round of syncs for the whole group
             else:
-                for c in commits:
+                for c in placed:
                     os.fsync(c.stage.fd)
             faults.point("after_stage_sync")
             t = self._step("group.stage_sync", t)
 
-        linked = self.linked(commits)
+        linked = self.linked(placed)
 
         def prepare(txn: Any) -> None:
             for c in commits:
@@ -1195,6 +1216,8 @@ class Workspace:
                         "stage": c.stage.name.decode(),
                         "intent": c.id,
                         **({"in_place": True} if c.id in linked else {}),
+                        **({"as": fsdecode(c.journal_path)} if c.journal_path else {}),
+                        **({"superseded": True} if c.superseded else {}),
                     }
                 )
                 c.info["receipt"] = rid
@@ -1207,12 +1230,22 @@ class Workspace:
         if commits:
             faults.point("after_prepare")
         for c in commits:
-            self._replace(c)
+            if c.superseded:
+                self._keep_superseded(c)
+            else:
+                self._replace(c)
             c.replaced = True
+        kept: dict[str, dict[str, Any]] = {}
         for item in group:
             if isinstance(item, Event) and not item.settled:
-                self._settle_event_digests(item)
+                if fields := self._settle_event_digests(item):
+                    kept[item.id] = fields
                 item.settled = True
+        if kept:
+            # Their kept files now have digest names: a recovery before the records would
+            # not find them by their incoming names.
+            assert self.intents is not None
+            self.intents.append_to(gen, {"kind": "digests", "events": kept})
         # Each commit is durable now: after a crash its receipt is there, and the live
         # file holds the intended bytes, or the expected ones beside a synced stage that
         # recovery renames (SPEC §6.2). So a writer waiting in fsync is answered now,
@@ -1247,17 +1280,38 @@ class Workspace:
         self.stats.sample(name, now - since)
         return now
 
-    def _settle_event_digests(self, item: Event) -> None:
+    def _keep_superseded(self, c: Commit) -> None:
+        """A commit whose file a rename replaced before the commit landed: its bytes are a
+        version of the path (the rename's ``expected``), kept as an object; the FUSE layer
+        drops its stage, or keeps it for descriptors still open on the replaced file."""
+        c.outcome = "landed"
+        assert c.intended is not None
+        self.objects.keep_fd_copy(c.stage.fd, c.intended)
+
+    def _settle_event_digests(self, item: Event) -> dict[str, Any]:
+        """Hash what the event's digests are taken from; returns the fields taken from its
+        removed bytes, once they are moved to their digest name."""
+        kept: dict[str, Any] = {}
         if item.incoming is not None:
             got = self.objects.settle_incoming(item.incoming)
-            if got is not None:
-                item.event["expected"], item.event["size"] = got
+            if got is not None and item.event.get("supersedes"):
+                # The tree's file the rename replaced was older than what the mount showed
+                # there (a commit still queued, kept on its own): kept too.
+                kept = {"replaced": got[0]}
+            elif got is not None:
+                kept = {"expected": got[0], "size": got[1]}
+            item.event.update(kept)
         if item.hash_fd is not None:
             try:
                 item.event["intended"] = self.digest_of_fd(item.hash_fd)
             finally:
                 os.close(item.hash_fd)
             item.hash_fd = None
+        if any(c.outcome not in ("committed", "landed") for c in item.carried):
+            # A write the rename moved did not land (the tree's file changed meanwhile):
+            # the rename put at its destination what the tree holds there.
+            item.event["intended"] = self.live_digest(os.fsencode(item.event["dest"]))[0]
+        return kept
 
     def _replace(self, c: Commit) -> None:
         """Step 7 of SPEC §3.2 for one commit: check the live file, keep it, rename the stage
@@ -1602,11 +1656,20 @@ def _type_swap(path: bytes) -> RwfsError:
 def record_commit(txn: Any, c: Commit) -> None:
     """The commit record: receipt settled, event appended and path index updated, at once."""
     receipt = txn.receipt(c.info["receipt"])
+    written = c.outcome in ("committed", "landed")
+    if written and c.info.get("folded"):
+        # Recovery of a write a rename moved or replaced before it landed: the rename's
+        # event, journaled already, tells of its bytes (recovery.py, "moved files").
+        receipt["state"] = "committed"
+        if c.info.get("kept"):
+            txn.add_object(c.stage.expected, 0, txn.next_lsn())
+        txn.put_receipt(receipt)
+        return
+    # A write is journaled where it was made; a conflict where the file is now.
+    path = (c.journal_path or c.path) if written else c.path
     ev: dict[str, Any] = {
-        "op": "conflict"
-        if c.outcome not in ("committed", "landed")
-        else ("unlink" if c.intended is None else "write"),
-        "path": fsdecode(c.path),
+        "op": "conflict" if not written else ("unlink" if c.intended is None else "write"),
+        "path": fsdecode(path),
         "batch": c.batch or f"auto-{receipt['id']}",
         "expected": c.stage.expected,
         "intended": c.intended,
@@ -1650,7 +1713,7 @@ def record_commit(txn: Any, c: Commit) -> None:
         )
     else:
         receipt["state"] = "committed"
-        txn.set_path(c.path, c.intended, lsn)
+        txn.set_path(path, c.intended, lsn)
         for other in links or ():
             txn.set_path(os.fsencode(other), c.intended, lsn)
         if c.info.get("kept"):  # not popped: a retried record writes it again
@@ -1686,6 +1749,8 @@ def record_event(txn: Any, ev: dict[str, Any]) -> int:
     lsn: int = txn.append_event(ev)
     if ev.get("expected") and op in ("unlink", "rename"):  # the removed bytes were kept
         txn.add_object(ev["expected"], ev.get("size", 0), lsn)
+    if ev.get("replaced"):  # the tree's older bytes a rename replaced (``supersedes``)
+        txn.add_object(ev["replaced"], 0, lsn)
     if op == "refuse":  # the refused draft is kept
         txn.add_object(ev["intended"], 0, lsn)
     if op == "unlink":
