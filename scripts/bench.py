@@ -402,28 +402,56 @@ def rewrite_all(path: Path, versions: list[bytes]) -> float:
     return time.perf_counter() - t0
 
 
+def _module_text(i: int) -> bytes:
+    """Version ``i`` of a ``REWRITE_LINES``-line Python module: each changes one line."""
+    values = [k + 1000 * ((i - 1 - k) // (REWRITE_LINES - 1) + 1) if k < i else k
+              for k in range(REWRITE_LINES - 1)]  # fmt: skip
+    body = "".join(f"VALUE_{k:03d} = {v}\n" for k, v in enumerate(values))
+    return ('"""Rewritten by the rwfs bench."""\n' + body).encode()
+
+
 def w_rewrite(env: Env) -> dict[str, float]:
     """One process rewrites one 100-line Python file in full, each time one line changed:
     an editor's or an agent's save loop. A .py file outside the passthrough globs, so rwfs
     journals (and gates) every version; it stays valid, so no gate refuses one."""
     path = env.dir / "rewrite" / "module.py"
     path.parent.mkdir()
-    values = list(range(REWRITE_LINES - 1))
-
-    def text() -> bytes:
-        body = "".join(f"VALUE_{k:03d} = {v}\n" for k, v in enumerate(values))
-        return ('"""Rewritten by the rwfs bench."""\n' + body).encode()
-
-    path.write_bytes(text())
-    versions = []
-    for i in range(env.args.rewrites):
-        values[i % len(values)] += 1000
-        versions.append(text())
+    path.write_bytes(_module_text(0))
+    versions = [_module_text(i) for i in range(1, env.args.rewrites + 1)]
     env.settle()
     t = rewrite_all(path, versions)
     if path.read_bytes() != versions[-1]:
         raise BenchError(f"{path} does not hold its last version")
     return {"rewrite": t}
+
+
+def save_all(path: Path, versions: list[bytes]) -> float:
+    """Save ``path`` with each of ``versions`` in turn the way ``sed -i``, editors and
+    ``os.replace`` do (write a new temporary file beside it, close, rename it over
+    ``path``): seconds."""
+    t0 = time.perf_counter()
+    for i, data in enumerate(versions):
+        tmp = path.with_name(f".{path.name}.{i}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    return time.perf_counter() - t0
+
+
+def w_save(env: Env) -> dict[str, float]:
+    """``w_rewrite``'s file and versions, each saved by a temporary file and a rename."""
+    path = env.dir / "save" / "module.py"
+    path.parent.mkdir()
+    versions = [_module_text(i) for i in range(env.args.rewrites + 1)]
+    path.write_bytes(versions[0])
+    env.settle()
+    t = save_all(path, versions[1:])
+    if path.read_bytes() != versions[-1] or len(os.listdir(path.parent)) != 1:
+        raise BenchError(f"{path} does not hold its last version, or a temporary is left")
+    return {"save": t}
 
 
 # Errors a metadata process expects: another process removed or renamed a name in the
@@ -886,6 +914,17 @@ def workloads(args: argparse.Namespace, tree_desc: str) -> list[Workload]:
             w_rewrite,
         ),
         Workload(
+            "save",
+            [
+                (
+                    "save",
+                    f"save one {REWRITE_LINES}-line .py by temp+rename x{args.rewrites}",
+                    WRITE_TARGET,
+                )
+            ],
+            w_save,
+        ),
+        Workload(
             "meta",
             [
                 (
@@ -1026,7 +1065,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default="",
         help="comma-separated workloads: floor,extract,find,grep,git,checkout,small,"
-        "small_fsync,rewrite,meta,big",
+        "small_fsync,rewrite,save,meta,big",
     )
     ap.add_argument(
         "--modes",

@@ -53,7 +53,7 @@ sys.path.insert(0, str(SCRIPTS))
 import bench  # noqa: E402  (its mount helpers, floor and idle wait)
 
 MODES = ("group", "strict")
-WORKLOADS = ("floor", "new", "new_fsync", "rewrite", "meta")
+WORKLOADS = ("floor", "new", "new_fsync", "rewrite", "save", "meta")
 META_PHASES = ("create", "chmod", "truncate", "rename", "link", "unlink_link", "unlink")
 META_PHASES += ("mkdir", "rmdir")
 FLOOR_XATTR = "user.rwfs-profile-missing"
@@ -533,6 +533,18 @@ def w_rewrite(root: Path, n: int) -> Callable[[], dict[str, tuple[float, int]]]:
     return run
 
 
+def w_save(root: Path, n: int) -> Callable[[], dict[str, tuple[float, int]]]:
+    path = root / "save" / "settings.py"
+    path.parent.mkdir()
+    path.write_bytes(module_text(-1))
+    texts = [module_text(i) for i in range(n)]
+
+    def run() -> dict[str, tuple[float, int]]:
+        return {"file": (bench.save_all(path, texts), n)}
+
+    return run
+
+
 def meta_phases(root: Path, n: int) -> list[tuple[str, Callable[[], tuple[float, int]]]]:
     base = root / "meta"
     base.mkdir()
@@ -588,8 +600,11 @@ def phases(root: Path, n: int, which: tuple[str, ...], floor_calls: int) -> Iter
             f = root / "floor"
             f.write_bytes(b"")
             yield w, "getxattr", lambda f=f: (getxattr_loop(f, floor_calls), floor_calls)
-        elif w in ("new", "new_fsync", "rewrite"):
-            run = w_rewrite(root, n) if w == "rewrite" else w_new(root, n, w == "new_fsync")
+        elif w in ("new", "new_fsync", "rewrite", "save"):
+            if w in ("rewrite", "save"):
+                run = (w_rewrite if w == "rewrite" else w_save)(root, n)
+            else:
+                run = w_new(root, n, w == "new_fsync")
             yield w, "file", lambda run=run: run()["file"]
         elif w == "meta":
             for name, run in meta_phases(root, n):
@@ -691,8 +706,9 @@ def profile_pass(n: int, top: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     with daemon("group") as d:
-        for w in ("new", "rewrite"):
-            run = w_rewrite(d.ws, n) if w == "rewrite" else w_new(d.ws, n, False)
+        for w in ("new", "rewrite", "save"):
+            run = {"new": lambda: w_new(d.ws, n, False), "rewrite": lambda: w_rewrite(d.ws, n),
+                   "save": lambda: w_save(d.ws, n)}[w]()  # fmt: skip
             d.idle()
             raw = d.out / f"pyspy-{w}.txt"
             sp = None

@@ -39,8 +39,9 @@ States of a path:
   until the batch commits (``committed`` of a deletion, ``intended is None``).
 
 The namespace is decided here too: what an ``unlink``/``rmdir`` (``remove``), a ``rename``
-(``rename``: settled and gated onto a journaled file until nothing is queued at either
-name), a ``link`` and a ``create`` in an open batch (``create_in_batch``) become, each
+(``rename``: gated onto a journaled file; a regular file's commits still queued move
+with it, ``_movable``, and those queued at the name it replaces are kept as versions,
+``_superseded``; anything else queued at either name is settled first), a ``link`` and a ``create`` in an open batch (``create_in_batch``) become, each
 journaled around its syscall (``Workspace.operation``). The batch's side: an unlink a
 batch takes (``hide``), of its new file (``drop_virtual``), a rename of its new file
 (``rename_virtual``, gated like ``gate_rename`` onto a file the mount shows), and EXDEV for
@@ -49,8 +50,8 @@ while descriptors are open on it is let go, not dropped (``letting_go``). A remo
 remembered for a while (``path_removed``): a new file made there is gated as a save of
 the removed one (``_recreated``).
 
-Meanwhile a path may be renamed (``Inode.paths`` moves, a queued commit is settled first:
-``settle_below``), unlinked (no path left: the seal's result is dropped, ``orphan_stage``;
+Meanwhile a path may be renamed (``Inode.paths`` moves; a queued commit moves too, or is
+settled first: ``settle_below``), unlinked (no path left: the seal's result is dropped, ``orphan_stage``;
 descriptors still open keep the stage until the last release), or linked (``link``
 commits and settles first, and refuses a file a batch holds). A hard-linked file is one
 inode under several paths; its commit is written into that inode (workspace.py,
@@ -292,17 +293,16 @@ class Files:
         self.release_fd(inode)
 
     def _superseded(self, inode: Inode, c: Commit) -> None:
-        """A rename replaced the file while this commit was queued; its bytes are kept as
-        an object now. A descriptor still open on the replaced file reads and writes them
-        until its last close (POSIX keeps a replaced file), as an unlinked file's stage."""
+        """A rename replaced the file while this commit was queued; its stage is the
+        object that keeps its bytes now. A descriptor still open on the replaced file
+        reads them there until its last close (POSIX keeps a replaced file), and a write
+        through it copies them first (``ensure_stage``): the object never changes."""
         if inode.pending is c:
             inode.pending = None
-        if inode.stage is c.stage and inode.handles > 0 and not inode.paths:
-            c.stage.sealed = False
-        else:
+        if inode.stage is not c.stage or inode.handles == 0 or inode.paths:
             if inode.stage is c.stage:
                 inode.stage = None
-            self.ws.drop_stage(c.stage)
+            self.ws.drop_stage(c.stage)  # (its name in staging/: the object stays)
         self.release_fd(inode)
 
     def _unvirtual(self, inode: Inode, outcome: str) -> None:
@@ -401,6 +401,12 @@ class Files:
                     continue
                 if held is not None:
                     await self.settle(inode)
+                    continue
+                kept = inode.stage
+                if kept is not None and not inode.paths:
+                    # A replaced file's bytes, an object now (``_superseded``): copied.
+                    inode.stage = await self.ws.new_stage(kept.fd, truncate)
+                    self.ws.drop_stage(kept)
                     continue
                 self.open_backing(inode, writable=False)
                 inode.stage = await self.ws.new_stage(inode.fd, truncate)
@@ -685,9 +691,11 @@ class Files:
         group has taken: ``Workspace.movable``). ``dst_st``: the file a moved one replaces,
         whose bytes must be kept without an await (not hard-linked)."""
         busy = self.queued(path)
-        if not busy:
-            return []
         inode = self.inodes.by_path.get(path)
+        if not busy:
+            # (A commit whose submit has not queued it yet lands first, as ``settle`` does.)
+            held = inode is not None and inode.pending is not None and not inode.pending.held
+            return None if held else []
         if (
             exchange
             or inode is None

@@ -445,7 +445,8 @@ def _settle_superseded(ws: Workspace, c: Commit, stage_fd: int | None) -> str:
                 file=sys.stderr,
             )
             return "pending"
-        ws.objects.keep_fd_copy(stage_fd, c.intended)
+        os.fsync(stage_fd)
+        ws.objects.keep_link(ws.staging_fd, c.stage.name, str(c.intended))
     c.outcome = "landed"
     if stage_fd is not None:
         ws.drop_stage(c.stage)

@@ -264,6 +264,7 @@ class Commit:
     # A rename replaced the file while this commit was queued: its bytes were the mount's
     # at ``path`` until then, so they are kept as an object; the tree is not touched.
     superseded: bool = False
+    taking: int = -1  # ``Workspace._takings`` when it was queued (``Workspace.movable``)
 
     def finish(self) -> None:
         """Settled and recorded: wake whoever waits for it, durable or done."""
@@ -310,6 +311,7 @@ class Workspace:
         self._links_seen: dict[tuple[int, int], set[bytes]] = {}
         self._walked: dict[tuple[int, int], int] = {}
         self._queue: list[Commit | Event] = []
+        self._takings = 0  # how many times a group took the queue (``Commit.taking``)
         self._has_work = trio.Event()
         self._urgent = trio.Event()
         self._taken = trio.Event()  # set when a group takes the queue (QUEUE_MAX)
@@ -345,7 +347,7 @@ class Workspace:
             self.journal.ok
             and not self._retry
             and not commit.info.get("wait")
-            and any(item is commit for item in self._queue)
+            and commit.taking == self._takings  # (in ``_queue``: no group took it yet)
         )
 
     @property
@@ -972,6 +974,8 @@ class Workspace:
         return item
 
     def _enqueue(self, item: Commit | Event) -> None:
+        if isinstance(item, Commit):
+            item.taking = self._takings
         self._queue.append(item)
         self._has_work.set()
         if len(self._queue) >= QUEUE_URGENT:
@@ -1098,6 +1102,7 @@ class Workspace:
             return
         # atomic: take the queue and rotate the intent log together.
         group, self._queue = self._queue, []
+        self._takings += 1
         self._taken.set()
         self._taken = trio.Event()
         self._has_work = trio.Event()
@@ -1193,17 +1198,16 @@ class Workspace:
         gen = gens[-1]
         commits = [c for c in group if isinstance(c, Commit) and not c.replaced]
         t = time.perf_counter()
-        placed = [c for c in commits if not c.superseded]  # (stages renamed into the tree)
         if commits:
-            if len(placed) > 8:
+            if len(commits) > 8:
                 syncfs(self.staging_fd)  # one round of syncs for the whole group
             else:
-                for c in placed:
+                for c in commits:
                     os.fsync(c.stage.fd)
             faults.point("after_stage_sync")
             t = self._step("group.stage_sync", t)
 
-        linked = self.linked(placed)
+        linked = self.linked([c for c in commits if not c.superseded])
 
         def prepare(txn: Any) -> None:
             for c in commits:
@@ -1282,11 +1286,12 @@ class Workspace:
 
     def _keep_superseded(self, c: Commit) -> None:
         """A commit whose file a rename replaced before the commit landed: its bytes are a
-        version of the path (the rename's ``expected``), kept as an object; the FUSE layer
-        drops its stage, or keeps it for descriptors still open on the replaced file."""
+        version of the path (the rename's ``expected``): its synced stage becomes the
+        object. The FUSE layer then lets go of the stage's name, and reads it still for
+        descriptors open on the replaced file (``Files._superseded``)."""
         c.outcome = "landed"
         assert c.intended is not None
-        self.objects.keep_fd_copy(c.stage.fd, c.intended)
+        self.objects.keep_link(self.staging_fd, c.stage.name, c.intended)
 
     def _settle_event_digests(self, item: Event) -> dict[str, Any]:
         """Hash what the event's digests are taken from; returns the fields taken from its
@@ -1713,6 +1718,8 @@ def record_commit(txn: Any, c: Commit) -> None:
         )
     else:
         receipt["state"] = "committed"
+        receipt["path"] = ev["path"]  # (settled: it names the write as the journal does)
+        receipt.pop("as", None)
         txn.set_path(path, c.intended, lsn)
         for other in links or ():
             txn.set_path(os.fsencode(other), c.intended, lsn)
