@@ -222,3 +222,57 @@ def test_a_crash_in_a_run_of_saves_by_rename(workspace: Path, point: str) -> Non
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_removing_a_file_whose_write_is_queued_keeps_the_write_as_a_version(
+    workspace: Path,
+) -> None:
+    prepare_state(workspace, SLOW)
+    (workspace / "m.py").write_bytes(version(0))
+    m = Mount(workspace).start()
+    try:
+        f = m.path / "m.py"
+        before = groups(m)
+        f.write_bytes(version(1))  # queued
+        (m.path / "n.txt").write_bytes(b"scratch\n")  # a new file, queued, then removed
+        with open(f, "rb") as held:
+            os.unlink(f)
+            os.unlink(m.path / "n.txt")
+            assert not f.exists() and not (m.path / "n.txt").exists()
+            assert groups(m) == before + 1, "a removal waited for a group"
+            assert held.read() == version(1)  # a removed file stays readable while open
+        evs = journal(m)
+        ops = [(e["op"], e.get("expected"), e.get("intended")) for e in evs if e["path"] == "m.py"]
+        assert ops == [
+            ("write", sha(version(0)), sha(version(1))),
+            ("unlink", sha(version(1)), None),
+        ]
+        unlink = [e for e in evs if e["op"] == "unlink" and e["path"] == "m.py"][0]
+        (m.path / ".rw" / "ctl").write_text(f"undo {unlink['batch']}\n")
+        assert f.read_bytes() == version(1)
+    finally:
+        m.stop()
+    assert (workspace / "m.py").read_bytes() == version(1)
+    assert not (workspace / "n.txt").exists()
+    check_clean(m)
+
+
+def test_a_crash_after_removing_a_file_whose_write_is_queued(workspace: Path) -> None:
+    prepare_state(workspace, SLOW)
+    (workspace / "m.py").write_bytes(version(0))
+    m = Mount(workspace, env={"RWFS_FAULT": "after_unlink"}).start()
+    (m.path / "m.py").write_bytes(version(1))  # queued
+    with pytest.raises(OSError):
+        os.unlink(m.path / "m.py")  # reaches the tree; the daemon dies before "done"
+    assert m.wait_dead() == -9, m.log_text()
+    m = Mount(workspace).start()
+    try:
+        assert not (m.path / "m.py").exists()
+        assert not list((m.path / ".rw" / "conflicts").iterdir())
+        unlink = [e for e in journal(m) if e["op"] == "unlink" and e["path"] == "m.py"]
+        assert len(unlink) == 1 and unlink[0]["expected"] == sha(version(1)), unlink
+        (m.path / ".rw" / "ctl").write_text(f"undo {unlink[0]['batch']}\n")
+        assert (m.path / "m.py").read_bytes() == version(1)  # the version was kept
+    finally:
+        m.stop()
+    check_clean(m)

@@ -527,10 +527,16 @@ class Files:
         inode = self.inodes.by_path.get(path)
         if not is_dir and await self.hide(path, inode, who):
             return
-        if inode is not None:
-            await self.settle(inode)
         # Kept for the kernel, which may still hold a directory (a shell's cwd).
         st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        # A regular file's commits still queued are kept as versions rather than written
+        # into the tree first (as for the name a rename replaces: ``_superseded``).
+        sup = None if is_dir or not self.journaled(path, st) else self._movable(path, st)
+        if sup is None:
+            sup = []
+            if inode is not None:
+                await self.settle(inode)
+                st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
         if is_dir:
             with self.ws.operation(self.journaled(path, None, True), who, "rmdir", path):
                 os.rmdir(path, dir_fd=self.ws.root_fd)
@@ -540,15 +546,26 @@ class Files:
             journaled = self.journaled(path, st)
             if journaled and stat.S_ISREG(st.st_mode):
                 incoming = await self.ws.keep_removed(path, st)  # keep the bytes
-                if st.st_size:  # for a save that makes the file again (_recreated)
-                    # (A regular file, by the stat above: no need to check before opening.)
-                    with contextlib.suppress(OSError):
-                        how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+                how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+                # For a save that makes the file again (_recreated): what the mount shows.
+                # (A regular file, by the stat above: no need to check before opening.)
+                with contextlib.suppress(OSError):
+                    if sup and sup[-1].size:
+                        removed = os.open(sup[-1].stage.name, how, dir_fd=self.ws.staging_fd)
+                    elif st.st_size and not sup:
                         removed = os.open(path, how, dir_fd=self.ws.root_fd)
+            extra: dict[str, Any] = {}
+            if sup:  # the removed bytes are the last superseded commit's
+                extra.update(expected=sup[-1].intended, size=sup[-1].size)
+                extra["supersedes"] = [c.id for c in sup]
             try:
                 mode = stat.S_IMODE(st.st_mode)  # of the file removed: undo, restore use it
-                with self.ws.operation(journaled, who, "unlink", path, incoming, mode=mode):
+                with self.ws.operation(
+                    journaled, who, "unlink", path, incoming, mode=mode, **extra
+                ):
                     os.unlink(path, dir_fd=self.ws.root_fd)
+                    for c in sup:
+                        c.superseded = True
                     faults.point("after_unlink")
             except OSError:
                 if incoming is not None:

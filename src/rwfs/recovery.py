@@ -246,14 +246,15 @@ def _owed(
 
 
 def _moved(events: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
-    """Commits a rename that reached the tree moved or replaced while they were queued
-    (``Files.rename``: its event ``carries`` or ``supersedes`` them; both are always in
-    one generation): commit id -> what changes in its record. A moved commit's receipt
+    """Commits a rename or an unlink that reached the tree moved or replaced while they
+    were queued (``Files.rename``, ``Files.remove``: the event ``carries`` or
+    ``supersedes`` them; both are always in one generation): commit id -> what changes
+    in its record. A moved commit's receipt
     names the file where the tree has it now, and the path it was written at (``as``); a
     replaced one only has its bytes kept (``superseded``)."""
     out: dict[Any, dict[str, Any]] = {}
     for ev in events:
-        if ev.get("op") != "rename":
+        if ev.get("op") not in ("rename", "unlink"):
             continue
         for cid in ev.get("carries") or ():
             first = out.get(cid, {}).get("as")
