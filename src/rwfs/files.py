@@ -39,26 +39,25 @@ States of a path:
   until the batch commits (``committed`` of a deletion, ``intended is None``).
 
 The namespace is decided here too: what an ``unlink``/``rmdir`` (``remove``), a ``rename``
-(``rename``: gated onto a journaled file; a regular file's commits still queued move
-with it, ``_movable``, and those queued at the name it replaces are kept as versions,
-``_superseded``; anything else queued at either name is settled first), a ``link`` and a ``create`` in an open batch (``create_in_batch``) become, each
-journaled around its syscall (``Workspace.operation``). The batch's side: an unlink a
-batch takes (``hide``), of its new file (``drop_virtual``), a rename of its new file
-(``rename_virtual``, gated like ``gate_rename`` onto a file the mount shows), and EXDEV for
-any other rename a batch would have to take (``batch_rename``). A held draft that ends
-while descriptors are open on it is let go, not dropped (``letting_go``). A removal is
-remembered for a while (``path_removed``): a new file made there is gated as a save of
-the removed one (``_recreated``).
+(``rename``: gated onto a journaled file), a ``link`` and a ``create`` in an open batch
+(``create_in_batch``) become, each journaled around its syscall (``Workspace.operation``).
+The batch's side: an unlink a batch takes (``hide``), of its new file (``drop_virtual``),
+a rename of its new file (``rename_virtual``, gated like ``gate_rename`` onto a file the
+mount shows), and EXDEV for any other rename a batch would have to take
+(``batch_rename``). A held draft that ends while descriptors are open on it is let go, not
+dropped (``letting_go``). A removal is remembered for a while (``path_removed``): a new
+file made there is gated as a save of the removed one (``_recreated``).
 
-Meanwhile a path may be renamed (``Inode.paths`` moves; a queued commit moves too, or is
-settled first: ``settle_below``), unlinked (no path left: the seal's result is dropped, ``orphan_stage``;
-descriptors still open keep the stage until the last release), or linked (``link``
-commits and settles first, and refuses a file a batch holds). A hard-linked file is one
-inode under several paths; its commit is written into that inode (workspace.py,
-``_write_in_place``). The read records
-(``reads``, ``read_at``) remember what each process read, so that a commit over a version
-it never saw is a stale write (SPEC §6.4; ``path_leaves`` before a path stops naming its
-file).
+Meanwhile a path may be renamed (``Inode.paths`` moves), unlinked (no path left: the
+seal's result is dropped, ``orphan_stage``; descriptors still open keep the stage until
+the last release), or linked (``link`` commits and settles first, and refuses a file a
+batch holds). A commit still queued at a renamed regular file moves with it; one at a
+name a rename or an unlink takes away is kept as a version (``_movable``,
+``_superseded``); anything else queued there lands first (``settle_below``). A
+hard-linked file is one inode under several paths; its commit is written into that inode
+(workspace.py, ``_write_in_place``). The read records (``reads``, ``read_at``) remember
+what each process read, so that a commit over a version it never saw is a stale write
+(SPEC §6.4; ``path_leaves`` before a path stops naming its file).
 
 Concurrency (trio: tasks interleave only at ``await``):
 
@@ -74,10 +73,13 @@ Concurrency (trio: tasks interleave only at ``await``):
   (a flush and the commit's ``done``) under ``inode.lock``: a commit point of the same
   inode waits; handlers that take no lock (a read, ``getattr``, an unlink or rename of
   the path) run meanwhile.
-- ``remove`` and ``rename`` await the settling of both names (``rename`` again until
-  nothing is queued at either after its gate), then, for one name of a hard-linked file,
-  the copy of its bytes (``Workspace.keep_removed``, a worker thread) before the syscall:
-  a commit through another name can land in that moment and put its bytes in the copy.
+- ``remove`` and ``rename`` await the settling of both names, unless what is queued
+  there can move or be kept (``_movable``; ``rename`` looks again after its gate, and
+  goes on only if the same commits are still queued, untaken), then, for one name of a
+  hard-linked file, the copy of its bytes (``Workspace.keep_removed``, a worker thread)
+  before the syscall: a commit through another name can land in that moment and put its
+  bytes in the copy. Commits that move or are kept never meet that await (they need a
+  file with one name), so no group can take them between the look and the syscall.
   ``link`` awaits the commit of the source's stage and its digest. None holds an inode's
   lock; a refusal of a save by re-creation awaits, under the lock, the stage and the
   submit of the bytes it puts back (``_put_back``).
@@ -613,7 +615,8 @@ class Files:
                 return  # two names of one file: rename(2) does nothing and succeeds
             is_dir = stat.S_ISDIR(sst.st_mode)
             journaled = self.journaled(src, sst, is_dir) or self.journaled(dst, dst_st, is_dir)
-            carry, sup = self._movable(src, sst, dst_st, exchange), self._movable(dst, dst_st)
+            carry = self._movable(src, sst, dst_st, exchange)
+            sup = self._movable(dst, dst_st, exchange=exchange)
             if carry is None or sup is None or (not journaled and (carry or sup)):
                 for p in (src, dst):
                     await self.settle_below(p)
@@ -628,7 +631,7 @@ class Files:
                 shown = (carry[-1].stage.fd if carry else -1, sup[-1].stage.fd if sup else -1)
                 await self.gate_rename(src, dst, who, *shown)
             if self._same(carry, self._movable(src, sst, dst_st, exchange)) and self._same(
-                sup, self._movable(dst, dst_st)
+                sup, self._movable(dst, dst_st, exchange=exchange)
             ):
                 break
         if journaled:
