@@ -51,6 +51,14 @@ def groups(m: Mount) -> int:
     return int(stats["counts"].get("groups", 0))
 
 
+def open_stages(m: Mount) -> list[str]:
+    """What the daemon's descriptors of stages name."""
+    assert m.proc is not None
+    fds = Path(f"/proc/{m.proc.pid}/fd")
+    links = [os.readlink(fds / n) for n in os.listdir(fds)]
+    return [x for x in links if "/.rw/staging/" in x]
+
+
 def saves_in_journal(evs: list[dict], name: str) -> list[tuple[str, str, str]]:
     """Each save of ``name`` by a temporary: (the temporary, replaced digest, new digest),
     checking that the temporary's write comes before its rename and matches it (after a
@@ -174,6 +182,13 @@ def test_a_descriptor_open_on_a_replaced_version_keeps_reading_it(workspace: Pat
         assert f.read_bytes() == version(2)
         history = sorted((m.path / ".rw" / "history" / "m.py").iterdir())
         assert [p.read_bytes() for p in history] == [version(0), version(1), version(2)]
+        save(f, version(3), ".t3")
+        with open(f, "rb") as old:  # only read, this time: its stage is kept, then goes
+            save(f, version(4), ".t4")  # replaces version 3 before it landed
+            (m.path / ".rw" / "ctl").write_text("sync\n")
+            assert old.read() == version(3)
+            kept = open_stages(m)
+        assert len(open_stages(m)) == len(kept) - 1  # its stage went at the last close
     finally:
         m.stop()
     assert (workspace / "m.py").read_bytes() == version(2)

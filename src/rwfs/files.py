@@ -357,6 +357,8 @@ class Files:
         self.kernel.drop_entry(path)
 
     def release_fd(self, inode: Inode) -> None:
+        if inode.handles == 0 and not inode.paths and inode.pending is None:
+            self.orphan_stage(inode)  # (a replaced file's bytes, read until now: _superseded)
         if inode.handles == 0 and inode.stage is None and inode.pending is None:
             if inode.fd >= 0:
                 os.close(inode.fd)
