@@ -397,6 +397,49 @@ def test_risk_prefilters_find_exactly_what_the_patterns_find() -> None:
     assert {"api_key", "pii"} <= set(gates.risk(one)["detected_patterns"])
 
 
+def test_another_tasks_flush_does_not_leave_the_committer_waiting_out_its_interval(
+    ws: Any,
+) -> None:
+    # The committer waits for the interval or for urgency on an event; a flush by another
+    # task (a rename's or a link's settle) used to replace that event unset, so that the
+    # next fsync's urgency went to an event no one waited on: it waited the interval out.
+    import trio
+    import trio.testing
+
+    from rwfs.workspace import Commit
+
+    ws.policy.commit_interval_ms = 3_600_000  # only urgency can start a group
+    for i in range(2):
+        (ws.tree / f"f{i}").write_bytes(b"old")
+
+    async def commit(i: int, wait: bool) -> Commit:
+        fd = os.open(ws.tree / f"f{i}", os.O_RDONLY)
+        try:
+            stage = await ws.new_stage(fd, truncate=True)
+        finally:
+            os.close(fd)
+        os.pwrite(stage.fd, b"new %d" % i, 0)
+        stage.sealed = True
+        intended, size, _ = await ws.seal(stage)
+        return await ws.submit(Commit(b"f%d" % i, stage, intended, size, {}), wait)
+
+    async def main() -> None:
+        ws.open_intents()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ws.run_committer)
+            await commit(0, wait=False)  # queued: the committer now waits for urgency
+            await trio.testing.wait_all_tasks_blocked()
+            await ws.flush()  # another task's flush takes it
+            assert (ws.tree / "f0").read_bytes() == b"new 0"
+            with trio.fail_after(60):  # (the interval is an hour)
+                c = await commit(1, wait=True)  # an fsync: urgent
+            assert c.outcome == "committed" and (ws.tree / "f1").read_bytes() == b"new 1"
+            await ws.close()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
 def test_a_long_queue_starts_a_group_and_holds_writers_back(ws: Any, monkeypatch: Any) -> None:
     # Each queued commit holds descriptors: the queue must stay bounded (SPEC §1).
     import trio

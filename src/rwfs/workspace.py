@@ -1081,7 +1081,11 @@ class Workspace:
     async def flush_locked(self) -> None:
         """``flush`` for a caller that holds ``commit_lock`` (e.g. gc: nothing may be kept
         as an object between this flush and its collection without being journaled)."""
-        self._urgent = trio.Event()
+        if self._urgent.is_set():
+            # Only a set event is replaced: the committer may be waiting on this one (a
+            # replaced one would never wake it, and a writer in fsync would wait for the
+            # commit interval instead of this flush).
+            self._urgent = trio.Event()
         if not self.journal.ok:
             # First what the journal could not take, in the generations that hold it.
             if self._retry:
