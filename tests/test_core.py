@@ -397,6 +397,21 @@ def test_risk_prefilters_find_exactly_what_the_patterns_find() -> None:
     assert {"api_key", "pii"} <= set(gates.risk(one)["detected_patterns"])
 
 
+async def submit_new(ws: Any, i: int, wait: bool, owner: Any = None) -> Any:
+    """Commit ``new <i>`` over the file ``f<i>`` of the tree through ``ws.submit``."""
+    from rwfs.workspace import Commit
+
+    fd = os.open(ws.tree / f"f{i}", os.O_RDONLY)
+    try:
+        stage = await ws.new_stage(fd, truncate=True)
+    finally:
+        os.close(fd)
+    os.pwrite(stage.fd, b"new %d" % i, 0)
+    stage.sealed = True
+    intended, size, _ = await ws.seal(stage)
+    return await ws.submit(Commit(b"f%d" % i, stage, intended, size, {}, owner=owner), wait)
+
+
 def test_another_tasks_flush_does_not_leave_the_committer_waiting_out_its_interval(
     ws: Any,
 ) -> None:
@@ -413,15 +428,7 @@ def test_another_tasks_flush_does_not_leave_the_committer_waiting_out_its_interv
         (ws.tree / f"f{i}").write_bytes(b"old")
 
     async def commit(i: int, wait: bool) -> Commit:
-        fd = os.open(ws.tree / f"f{i}", os.O_RDONLY)
-        try:
-            stage = await ws.new_stage(fd, truncate=True)
-        finally:
-            os.close(fd)
-        os.pwrite(stage.fd, b"new %d" % i, 0)
-        stage.sealed = True
-        intended, size, _ = await ws.seal(stage)
-        return await ws.submit(Commit(b"f%d" % i, stage, intended, size, {}), wait)
+        return await submit_new(ws, i, wait)
 
     async def main() -> None:
         ws.open_intents()
@@ -445,7 +452,6 @@ def test_a_long_queue_starts_a_group_and_holds_writers_back(ws: Any, monkeypatch
     import trio
 
     from rwfs import workspace
-    from rwfs.workspace import Commit
 
     monkeypatch.setattr(workspace, "QUEUE_URGENT", 2)
     monkeypatch.setattr(workspace, "QUEUE_MAX", 3)
@@ -454,16 +460,8 @@ def test_a_long_queue_starts_a_group_and_holds_writers_back(ws: Any, monkeypatch
         (ws.tree / f"f{i}").write_bytes(b"old")
 
     async def commit(i: int, submitted: list[int]) -> None:
-        fd = os.open(ws.tree / f"f{i}", os.O_RDONLY)
-        try:
-            stage = await ws.new_stage(fd, truncate=True)
-        finally:
-            os.close(fd)
-        os.pwrite(stage.fd, b"new %d" % i, 0)
-        stage.sealed = True
-        intended, size, _ = await ws.seal(stage)
         # An owner: a writer through the mount, which the queue holds back.
-        await ws.submit(Commit(b"f%d" % i, stage, intended, size, {}, owner=object()), False)
+        await submit_new(ws, i, False, owner=object())
         submitted.append(i)
 
     async def main() -> None:

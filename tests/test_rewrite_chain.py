@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -154,3 +156,32 @@ def test_recovery_reads_chains_of_receipts_in_one_pass() -> None:
     assert chains[5] == ({"Z": 1}, 1)  # the same base again: a chain of its own
     long = [r(n, "a", f"D{n - 1}", f"D{n}") for n in range(1, 5001)]
     assert _chains(long)[1][0]["D5000"] == 5000  # (linear: this is instant)
+
+
+def test_a_chmod_reaches_the_queued_version_under_an_open_rewrite(workspace: Path) -> None:
+    # Found by tests/test_model.py: the mode went to the open stage only, which then ended
+    # as a no-op, and the queued version landed with the old mode.
+    prepare_state(workspace, SLOW)
+    m = Mount(workspace).start()
+    try:
+        f = m.path / "d"
+        f.write_bytes(b"\0")  # queued, mode 0644
+        held = os.open(f, os.O_RDWR)
+        try:
+            os.pwrite(held, b"\0", 0)  # an open stage built on the queued version
+            os.chmod(f, 0o600)
+            fd = os.open(f, os.O_RDWR)
+            try:
+                os.pwrite(fd, b"\0", 0)
+                os.fsync(fd)  # the same bytes: a no-op; the queued version lands
+            finally:
+                os.close(fd)
+            assert stat.S_IMODE(os.stat(f).st_mode) == 0o600
+        finally:
+            os.close(held)
+        (m.path / ".rw" / "ctl").write_text("sync\n")
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o600
+    finally:
+        m.stop()
+    assert stat.S_IMODE(os.stat(workspace / "d").st_mode) == 0o600
+    check_clean(m)

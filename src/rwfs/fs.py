@@ -558,6 +558,11 @@ class Operations(pyfuse3.Operations):
                 self.files.open_backing(i, writable=True)
                 os.ftruncate(i.fd, attr.st_size)
         targets: list[Any] = [] if i.virtual or path is None else [rel(path)]
+        beneath = i.pending.stage if i.pending is not None and not i.pending.superseded else None
+        if beneath is not None and beneath.fd >= 0 and beneath is not i.stage:
+            # A commit still queued (or a batch's draft) under the stage being written: it
+            # lands first, and stays the file if that stage ends as a no-op.
+            targets.append(beneath.fd)
         if i.stage is not None:
             targets.append(i.stage.fd)
         elif path is None and i.fd >= 0:
