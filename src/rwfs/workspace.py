@@ -261,8 +261,9 @@ class Commit:
     # where the tree has the file now, ``journal_path`` where it was written (its event's
     # path: the journal tells the write, then the rename, as they happened).
     journal_path: bytes | None = None
-    # A rename replaced the file while this commit was queued: its bytes were the mount's
-    # at ``path`` until then, so they are kept as an object; the tree is not touched.
+    # A rename over the file, or its unlink, took it away while this commit was queued:
+    # its bytes were the mount's at ``path`` until then, so they are kept as an object;
+    # the tree is not touched.
     superseded: bool = False
     taking: int = -1  # ``Workspace._takings`` when it was queued (``Workspace.movable``)
 
@@ -1289,8 +1290,8 @@ class Workspace:
         return now
 
     def _keep_superseded(self, c: Commit) -> None:
-        """A commit whose file a rename replaced before the commit landed: its bytes are a
-        version of the path (the rename's ``expected``): its synced stage becomes the
+        """A commit whose file a rename or an unlink took away before it landed: its bytes
+        are a version of the path (the event's ``expected``): its synced stage becomes the
         object. The FUSE layer then lets go of the stage's name, and reads it still for
         descriptors open on the replaced file (``Files._superseded``)."""
         c.outcome = "landed"
