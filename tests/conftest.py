@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -216,3 +217,18 @@ def ws(tmp_path: Path) -> Iterator[Workspace]:
     store.close()
     os.close(root_fd)
     os.close(state_fd)
+
+
+async def submit_new(ws: Any, i: int, wait: bool, owner: Any = None) -> Any:
+    """Commit ``new <i>`` over the file ``f<i>`` of the tree through ``ws.submit``."""
+    from rwfs.workspace import Commit
+
+    fd = os.open(ws.tree / f"f{i}", os.O_RDONLY)
+    try:
+        stage = await ws.new_stage(fd, truncate=True)
+    finally:
+        os.close(fd)
+    os.pwrite(stage.fd, b"new %d" % i, 0)
+    stage.sealed = True
+    intended, size, _ = await ws.seal(stage)
+    return await ws.submit(Commit(b"f%d" % i, stage, intended, size, {}, owner=owner), wait)

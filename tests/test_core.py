@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import submit_new
 
 from rwfs.objects import ObjectStore
 from rwfs.policy import DEFAULT_TEXT, Policy, PolicyError
@@ -397,21 +398,6 @@ def test_risk_prefilters_find_exactly_what_the_patterns_find() -> None:
     assert {"api_key", "pii"} <= set(gates.risk(one)["detected_patterns"])
 
 
-async def submit_new(ws: Any, i: int, wait: bool, owner: Any = None) -> Any:
-    """Commit ``new <i>`` over the file ``f<i>`` of the tree through ``ws.submit``."""
-    from rwfs.workspace import Commit
-
-    fd = os.open(ws.tree / f"f{i}", os.O_RDONLY)
-    try:
-        stage = await ws.new_stage(fd, truncate=True)
-    finally:
-        os.close(fd)
-    os.pwrite(stage.fd, b"new %d" % i, 0)
-    stage.sealed = True
-    intended, size, _ = await ws.seal(stage)
-    return await ws.submit(Commit(b"f%d" % i, stage, intended, size, {}, owner=owner), wait)
-
-
 def test_another_tasks_flush_does_not_leave_the_committer_waiting_out_its_interval(
     ws: Any,
 ) -> None:
@@ -445,6 +431,60 @@ def test_another_tasks_flush_does_not_leave_the_committer_waiting_out_its_interv
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_groups_records_go_in_the_next_groups_receipts_transaction(
+    ws: Any, monkeypatch: Any
+) -> None:
+    # fsync after fsync: each group is one durable LMDB transaction (its receipts, with
+    # the records of the group before), not two. A group's records wait for the next
+    # group (here as long as it takes), and a sync writes them at once.
+    import trio
+
+    from rwfs import workspace
+
+    monkeypatch.setattr(workspace, "RECORD_WAIT", 3600.0)
+    for i in range(6):
+        (ws.tree / f"f{i}").write_bytes(b"old")
+    transactions: list[str] = []
+    real_write = ws.store.write
+
+    def counted(fn: Any, *args: Any) -> Any:
+        transactions.append(fn.__name__)
+        return real_write(fn, *args)
+
+    async def main() -> None:
+        ws.open_intents()
+        monkeypatch.setattr(ws.store, "write", counted)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ws.run_committer)
+            commits = []
+            for i in range(5):  # a writer's fsync (an owner: it waits until durable)
+                c = await submit_new(ws, i, True, owner=object())
+                assert (
+                    c.outcome == "committed" and (ws.tree / f"f{i}").read_bytes() == b"new %d" % i
+                )
+                with trio.fail_after(60):  # the committer's thread is done with the group
+                    while ws._unrecorded is None:
+                        await trio.sleep(0.001)
+                # Durable and in the tree; its records wait for the next group.
+                assert not c.done.is_set()
+                assert all(p.done.is_set() for p in commits)
+                commits.append(c)
+            assert transactions == ["prepare"] * 5
+            await ws.sync()  # the records of the last group, alone
+            assert commits[-1].done.is_set() and transactions[-1] == "_write_records"
+            await submit_new(ws, 5, False)  # a write without fsync: a group of its own
+            await ws.sync()
+            await ws.close()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert transactions == ["prepare"] * 5 + ["_write_records", "prepare", "_write_records"]
+    writes = [e for e in ws.store.events() if e["op"] == "write"]
+    assert [e["path"] for e in writes] == [f"f{i}" for i in range(6)]
+    assert [e["lsn"] for e in writes] == sorted(e["lsn"] for e in writes)
+    assert ws.store.unsettled() == []
 
 
 def test_a_long_queue_starts_a_group_and_holds_writers_back(ws: Any, monkeypatch: Any) -> None:

@@ -251,3 +251,55 @@ def test_sigkill_at_random_instants_under_several_writers(workspace: Path) -> No
         finally:
             m.stop()
         check_clean(m)
+
+
+@pytest.mark.parametrize(
+    "point", ["before_commit_record:2", "after_stage_sync:3", "after_commit_record:2"]
+)
+def test_fsync_after_fsync_with_the_records_of_one_group_in_the_next_ones_receipts(
+    workspace: Path, point: str
+) -> None:
+    # File after file, each fsync'd: each group's records wait for the next group and go
+    # in its receipts' transaction. Killed once the second group is applied, while its
+    # records wait and its writer was answered (the third group's stages synced), and once
+    # they are durable with the third group's receipts, before that group's renames.
+    old = {f"f{i}.txt": f"old {i}\n".encode() for i in range(6)}
+    for name, data in old.items():
+        (workspace / name).write_bytes(data)
+    m = Mount(workspace, env={"RWFS_FAULT": point}).start()
+    synced: list[str] = []
+    for name in old:
+        try:
+            fd = os.open(m.path / name, os.O_WRONLY | os.O_TRUNC)
+            try:
+                os.write(fd, b"new " + name.encode() + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            break  # the daemon died under us: that is the point
+        synced.append(name)
+    code = m.wait_dead()
+    assert code == -9, f"the daemon did not die at {point}: exit {code}\n{m.log_text()}"
+    assert len(synced) >= 1, "no fsync returned before the fault point"
+
+    m = Mount(workspace).start()
+    try:
+        evs = events(m)
+        for name, data in old.items():
+            now = (m.path / name).read_bytes()
+            new = b"new " + name.encode() + b"\n"
+            assert now in (data, new, b""), f"I1: {name} holds a mix"
+            if name in synced:
+                assert now == new, f"I4: {name}'s fsync returned, and its bytes were lost"
+            writes = [(e["expected"], e["intended"]) for e in evs if e.get("path") == name]
+            # Each change that reached the tree is journaled once, with both digests.
+            assert writes == ([] if now == data else [(sha(data), sha(now))]), (name, writes)
+        lsns = [e["lsn"] for e in evs]
+        assert lsns == sorted(lsns)
+        order = [e["path"] for e in evs if e["op"] == "write"]
+        assert order == sorted(order), "the writes are journaled in the order they were made"
+    finally:
+        m.stop()
+    check_clean(m)
+    assert os.listdir(workspace / ".rw" / "staging") == []

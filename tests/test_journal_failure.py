@@ -25,7 +25,7 @@ from typing import Any
 import lmdb
 import pytest
 import trio
-from conftest import RWFS, Mount, check_clean, prepare_state, rwfs_mounted
+from conftest import RWFS, Mount, check_clean, prepare_state, rwfs_mounted, submit_new
 
 from rwfs.policy import DEFAULT_TEXT
 from rwfs.store import JournalUnavailable
@@ -304,7 +304,7 @@ def test_a_group_whose_record_fails_is_recorded_by_the_retry(ws: Any, monkeypatc
     real_write = w.store.write
 
     def record_fails(fn: Any, *args: Any) -> Any:
-        if getattr(fn, "__name__", "") == "record":
+        if getattr(fn, "__name__", "") == "_write_records":
             raise JournalUnavailable("mdb_txn_commit: No space left on device")
         return real_write(fn, *args)
 
@@ -345,3 +345,52 @@ def test_a_group_whose_record_fails_is_recorded_by_the_retry(ws: Any, monkeypatc
     writes = [e for e in w.store.events() if e["op"] == "write"]
     assert [(e["path"], e["intended"]) for e in writes] == [("f", sha(b"new\n"))]
     assert sha(b"old\n") in w.store.objects()  # the pre-image is listed
+
+
+def test_a_group_whose_records_waited_is_retried_when_the_next_receipts_fail(
+    ws: Any, monkeypatch: Any
+) -> None:
+    """fsync after fsync: the first group's records wait to go in the second group's
+    receipts transaction, which fails. The second writer gets EIO with nothing written;
+    the first group, applied and answered, is kept and only its records are retried."""
+    from rwfs import workspace
+
+    monkeypatch.setattr(workspace, "RECORD_WAIT", 3600.0)
+    w = ws
+    for i in range(2):
+        (w.tree / f"f{i}").write_bytes(b"old")
+    real_write = w.store.write
+
+    def prepare_fails(fn: Any, *args: Any) -> Any:
+        if getattr(fn, "__name__", "") == "prepare":
+            raise JournalUnavailable("mdb_txn_commit: No space left on device")
+        return real_write(fn, *args)
+
+    async def main() -> None:
+        w.open_intents()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run_committer)
+            first = await submit_new(w, 0, True, owner=object())  # durable; records wait
+            with trio.fail_after(60):
+                while w._unrecorded is None:
+                    await trio.sleep(0.001)
+            monkeypatch.setattr(w.store, "write", prepare_fails)
+            with pytest.raises(RwfsError) as err:
+                await submit_new(w, 1, True, owner=object())
+            assert err.value.errno == errno.EIO
+            assert (w.tree / "f0").read_bytes() == b"new 0"
+            assert (w.tree / "f1").read_bytes() == b"old"  # nothing of it was written
+            assert first.outcome == "committed" and not first.done.is_set()
+            assert w.journal_status()["queued_commits"] == 1
+            assert [r["state"] for r in w.store.unsettled()] == ["prepared"]
+            monkeypatch.setattr(w.store, "write", real_write)
+            await w.sync()
+            assert first.done.is_set() and w.journal_ok
+            assert w.store.unsettled() == []
+            await w.close()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    writes = [(e["path"], e["intended"]) for e in w.store.events() if e["op"] == "write"]
+    assert writes == [("f0", sha(b"new 0"))]
+    assert len(os.listdir(w.tree / ".rw" / "intents")) == 1

@@ -342,7 +342,7 @@ class Batches:
                 )
             commits = sorted(batch.held.values(), key=lambda c: self._order(batch, c))
             await self.ws.sync()  # commits queued before the batch's go first
-            async with self.ws.commit_lock:
+            async with self.ws.exclusive():
                 reasons = await trio.to_thread.run_sync(
                     self._apply, batch, commits, True, limiter=_LIMIT
                 )
@@ -427,7 +427,7 @@ class Batches:
                     f"Batch {batch.name} is {batch.state}; only an interrupted batch resumes.",
                     batch.name,
                 )
-            async with self.ws.commit_lock:
+            async with self.ws.exclusive():
                 done = await trio.to_thread.run_sync(self.resume_now, batch, limiter=_LIMIT)
             for c in done:
                 self.ws.settle(c)  # the kernel's view of those paths is stale
@@ -464,7 +464,7 @@ class Batches:
                     "back (undo of committed batches comes with history).",
                     batch.name,
                 )
-            async with self.ws.commit_lock:
+            async with self.ws.exclusive():
                 done = await trio.to_thread.run_sync(self._rollback, batch, limiter=_LIMIT)
             for c in done:
                 self.ws.settle(c)
@@ -551,7 +551,7 @@ class Batches:
             batch.record["undoes"] = undoes
         async with batch.lock:
             await self.ws.sync()
-            async with self.ws.commit_lock:
+            async with self.ws.exclusive():
                 await trio.to_thread.run_sync(self._apply, batch, commits, False, limiter=_LIMIT)
             for c in commits:
                 self.ws.settle(c)

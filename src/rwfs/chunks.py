@@ -236,7 +236,7 @@ class Parts:
             return b"" if digest is None else c.ws.objects.read(digest)
 
         async def write(data: bytes, who: dict[str, Any]) -> None:
-            async with c.ws.commit_lock:  # the object and its record, together, for gc
+            async with c.ws.exclusive():  # the object and its record, together, for gc
                 digest = await trio.to_thread.run_sync(
                     c.ws.objects.keep_bytes, data, limiter=_LIMIT
                 )

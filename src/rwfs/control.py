@@ -570,7 +570,7 @@ class Control:
 
     async def _gc(self, args: list[str], who: dict[str, Any]) -> None:
         no_args(args, "gc", ".rw/ctl")
-        async with self.ws.commit_lock:
+        async with self.ws.exclusive():
             await self.ws.flush_locked()  # every reference to an object is journaled
             if not self.ws.journal_ok:
                 # Not journaled yet: a queued commit's kept bytes would look unreferenced.

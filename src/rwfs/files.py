@@ -86,7 +86,8 @@ Concurrency (trio: tasks interleave only at ``await``):
 - Other locks are taken only through the calls that need them: ``Batch.lock``
   (``batches.py``) serialises a batch's ``hold``, ``unhold``, ``commit`` and ``abort``;
   ``Workspace.commit_lock`` serialises the committer's groups, a batch's commit, and each
-  write that keeps an object (a refusal, a stale write's conflict).
+  write that keeps an object (a refusal, a stale write's conflict); all but the committer
+  take it through ``Workspace.exclusive``, after the last group's records.
 - ``committed`` is called by the committer on the loop, with no await, so ``pending``,
   ``stage`` and ``fd`` change together.
 - The read records and ``virtual``/``hidden`` are changed with no await between reading

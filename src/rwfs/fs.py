@@ -285,12 +285,12 @@ class Operations(pyfuse3.Operations):
         # reads a stale write is judged by) is the core's; this layer only translates.
         self.kernel = KernelCache(self.inodes)
         self.files = Files(ws, batches, self.inodes, self.kernel)
-        ws.on_committed = self._committed
+        ws.on_committed = self.files.committed
+        ws.on_recorded = self._recorded
         self.control.virtual = self.files.virtual.__contains__
         ws.on_gone = self.files.gone
 
-    def _committed(self, c: Commit) -> None:
-        self.files.committed(c)
+    def _recorded(self, c: Commit) -> None:
         if c.outcome == "committed" and c.intended is not None:
             self.control.succeeded(c.path, c.intended, c.lsn)
 

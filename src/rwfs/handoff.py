@@ -79,7 +79,7 @@ class Handoff:
             record = {"lsn": ws.store.meta_int(b"lsn"), "note": digest, "last_good_state": good}
             ws.store.write(lambda txn: txn.new_handoff({**record, **who}))
 
-        async with ws.commit_lock:  # the object and its record, together, for gc
+        async with ws.exclusive():  # the object and its record, together, for gc
             await trio.to_thread.run_sync(keep, limiter=_LIMIT)
 
     def _text(self, record: dict[str, Any], drift: bool) -> bytes:

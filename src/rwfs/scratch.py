@@ -87,7 +87,7 @@ class Scratch:
                 }
                 ws.store.write(lambda txn: txn.put(_DB, name, record))
 
-            async with ws.commit_lock:  # the object and its record, together, for gc
+            async with ws.exclusive():  # the object and its record, together, for gc
                 await trio.to_thread.run_sync(keep, limiter=_LIMIT)
             self.new.discard(name)
 

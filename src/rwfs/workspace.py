@@ -16,10 +16,11 @@ import contextlib
 import ctypes
 import errno
 import logging
+import math
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,10 @@ RETRY_MAX = 3.2
 # At unmount, how long the daemon keeps trying a failing journal before it exits and leaves
 # the acknowledged commits to the intent log (the next mount finishes them).
 CLOSE_WAIT = 5.0
+# How long the records of a group just applied wait for the next group, to be written in
+# its receipts' transaction (one durable LMDB commit for both; seconds). The next fsync of
+# a writer that fsyncs file after file comes well within it.
+RECORD_WAIT = 0.005
 
 
 def syncfs(fd: int) -> None:
@@ -318,7 +323,11 @@ class Workspace:
         self._taken = trio.Event()  # set when a group takes the queue (QUEUE_MAX)
         self.commit_lock = trio.Lock()  # one writer of the tree's commits at a time
         self._closing = False
-        self._inflight: list[Commit | Event] = []
+        self._inflight: list[Commit | Event] = []  # the group being applied
+        # The group applied last, whose records wait to join the next group's receipts
+        # (one durable LMDB transaction for both, ``_apply_group``): its items, its
+        # intent-log generations.
+        self._unrecorded: tuple[list[Commit | Event], list[int]] | None = None
         self._budget: dict[tuple[bytes, str], int] = {}  # retries left per (path, refused bytes)
         self._spares: collections.deque[bytes] = collections.deque()  # staging names (_spare)
         self.stats = Stats()
@@ -329,13 +338,16 @@ class Workspace:
         self._retry: list[Commit | Event] = []
         self._retry_gens: list[int] = []
         self.recovery_left: list[str] = []  # what recovery at this mount left unsettled
-        self.on_committed: Callable[[Commit], None] = lambda c: None
+        self.on_committed: Callable[[Commit], None] = lambda c: None  # settled
+        self.on_recorded: Callable[[Commit], None] = lambda c: None  # and its record written
         self.on_gone: Callable[[bytes], None] = lambda path: None  # rwfs removed a path
 
     def unsettled(self) -> list[Commit]:
         """Commits sealed but not yet recorded (queued, in the group being applied, or in a
         group the journal could not take)."""
-        return [c for c in (*self._inflight, *self._retry, *self._queue) if isinstance(c, Commit)]
+        applied = self._unrecorded[0] if self._unrecorded else []
+        items = (*applied, *self._inflight, *self._retry, *self._queue)
+        return [c for c in items if isinstance(c, Commit)]
 
     def is_queued(self, commit: Commit) -> bool:
         return any(item is commit for item in (*self._retry, *self._queue))
@@ -708,7 +720,7 @@ class Workspace:
         info: dict[str, Any],
     ) -> RwfsError:
         """Keep a refused draft, journal the refusal, and say so to the writer (SPEC §4.2-4.3)."""
-        async with self.commit_lock:  # the draft and its event, together, for gc
+        async with self.exclusive():  # the draft and its event, together, for gc
             with borrowed(draft_fd) as (fd,):
                 await trio.to_thread.run_sync(
                     self.objects.keep_fd_copy, fd, intended, limiter=_LIMIT
@@ -825,7 +837,7 @@ class Workspace:
             if read is not None:
                 self.keep_live_copy(path, read)
 
-        async with self.commit_lock:  # the bytes and what refers to them, together, for gc
+        async with self.exclusive():  # the bytes and what refers to them, together, for gc
             with borrowed(stage.fd, actual[1]) as (fd, shown_fd):
                 await trio.to_thread.run_sync(keep, fd, shown_fd, limiter=_LIMIT)
             cid = await trio.to_thread.run_sync(self.store.write, write, limiter=_LIMIT)
@@ -1043,11 +1055,14 @@ class Workspace:
                 # to RETRY_MAX; a sync, an fsync or an unmount tries at once on its own.
                 await trio.sleep(self.journal.retry_in)
             else:
-                await self._has_work.wait()
-                if not self._closing:
+                # The group applied last is recorded with the next one's receipts if that
+                # comes soon (an fsync after an fsync), else alone.
+                with trio.move_on_after(RECORD_WAIT if self._unrecorded else math.inf):
+                    await self._has_work.wait()
+                if self._has_work.is_set() and not self._closing:
                     with trio.move_on_after(self.policy.commit_interval_ms / 1000):
                         await self._urgent.wait()
-            await self.flush()
+            await self.flush(recorded=self._closing or not self._has_work.is_set())
             if self._closing and not self._queue and not self._retry:
                 return
 
@@ -1075,11 +1090,24 @@ class Workspace:
             )
         return left
 
-    async def flush(self) -> None:
+    async def flush(self, recorded: bool = True) -> None:
+        """Commit what is queued as one group. With ``recorded``, return once every group
+        is recorded (or kept for a retry); without, the last group's records may wait for
+        the next group's receipts (``_unrecorded``): it is durable, applied and settled."""
         async with self.commit_lock:
-            await self.flush_locked()
+            await self.flush_locked(recorded)
 
-    async def flush_locked(self) -> None:
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """``commit_lock``, with every group applied so far recorded: for whoever writes
+        the journal besides the committer (a batch's commit, a kept object and its
+        record), whose records must follow those of the groups before."""
+        async with self.commit_lock:
+            if self._unrecorded is not None:
+                await self._attempt([], [])  # its records, alone
+            yield
+
+    async def flush_locked(self, recorded: bool = True) -> None:
         """``flush`` for a caller that holds ``commit_lock`` (e.g. gc: nothing may be kept
         as an object between this flush and its collection without being journaled)."""
         if self._urgent.is_set():
@@ -1100,26 +1128,33 @@ class Workspace:
                     self._failed_attempt(str(exc))
                     return
                 self._journal_back()
-        if not self._queue:
+        if self._queue:
+            # atomic: take the queue and rotate the intent log together.
+            group, self._queue = self._queue, []
+            self._takings += 1
+            self._taken.set()
+            self._taken = trio.Event()
+            self._has_work = trio.Event()
+            assert self.intents is not None
+            await self._attempt(group, [self.intents.rotate()], record=recorded)
+        elif self._unrecorded is not None and recorded:
+            await self._attempt([], [])  # records the group applied last, alone
+        elif self._has_work.is_set():
             # Only a set event is replaced: the committer may be waiting on this one.
-            if self._has_work.is_set():
-                self._has_work = trio.Event()
-            return
-        # atomic: take the queue and rotate the intent log together.
-        group, self._queue = self._queue, []
-        self._takings += 1
-        self._taken.set()
-        self._taken = trio.Event()
-        self._has_work = trio.Event()
-        assert self.intents is not None
-        await self._attempt(group, [self.intents.rotate()])
+            self._has_work = trio.Event()
 
-    async def _attempt(self, group: list[Commit | Event], gens: list[int]) -> bool:
-        """Apply one group whose records are in the intent-log generations ``gens``; True
-        if it is journaled. If not, it is kept for a retry (``_retry``), except the
-        writers that wait and whose commit nothing of was written (``_fail_group``)."""
-        self._inflight = group
-        progress = {"prepared": False}
+    async def _attempt(
+        self, group: list[Commit | Event], gens: list[int], record: bool = True
+    ) -> bool:
+        """Apply one group whose records are in the intent-log generations ``gens``, with
+        the records of the group applied before it (``_unrecorded``); True if both are
+        journaled (this one's records, without ``record``, may wait for the next group).
+        If not, what is owed is kept for a retry (``_retry``), except the writers that
+        wait and whose commit nothing of was written (``_fail_group``)."""
+        before, before_gens = self._unrecorded or ([], [])
+        self._unrecorded = None
+        self._inflight = [*before, *group]  # (still unsettled: renames wait for them)
+        progress = {"prepared": False, "recorded_before": False, "recorded": False}
         started = time.perf_counter()
         try:
             await trio.to_thread.run_sync(
@@ -1128,12 +1163,18 @@ class Workspace:
                 gens,
                 progress,
                 trio.lowlevel.current_trio_token(),
+                (before, before_gens),
+                record,
                 limiter=_LIMIT,
             )
         except Exception as exc:  # LMDB or the disk failed: never let it stop the daemon
             self._inflight = []
             self._failed_attempt(str(exc))
             log.info("group commit of %d items failed: %s", len(group), exc)
+            if progress["recorded_before"]:
+                self._recorded(before)
+            elif before:  # applied already: its retry writes only its records
+                self._keep_for_retry(before, before_gens)
             if not progress["prepared"]:
                 group = self._fail_group(group, str(exc))  # nothing of it was written
             else:
@@ -1143,12 +1184,8 @@ class Workspace:
                 for item in group:
                     if isinstance(item, Commit) and not item.settled:
                         self.settle(item)
-            for item in group:
-                if isinstance(item, Commit):
-                    item.failed += 1
-                    item.nudge()
             if group:
-                self._retry, self._retry_gens = group, gens
+                self._keep_for_retry(group, gens)
             elif self.intents is not None:
                 for gen in gens:  # nothing of these generations is owed any more
                     if gen != self.intents.gen:
@@ -1156,8 +1193,21 @@ class Workspace:
             return False
         self._inflight = []
         self._journal_back()
-        self.stats.count("groups")
-        self.stats.sample("group_commit", time.perf_counter() - started)
+        if group:
+            self.stats.count("groups")
+            self.stats.sample("group_commit", time.perf_counter() - started)
+        self._recorded(before)
+        for item in group:
+            if isinstance(item, Commit) and not item.settled:
+                self.settle(item)
+        if progress["recorded"]:
+            self._recorded(group)
+        else:
+            self._unrecorded = (group, gens)
+        return True
+
+    def _recorded(self, group: list[Commit | Event]) -> None:
+        """A group's records are in the journal: wake whoever waits for them."""
         for item in group:
             if isinstance(item, Commit):
                 if item.outcome == "committed":
@@ -1167,10 +1217,20 @@ class Workspace:
                 if not item.settled:
                     self.settle(item)
                 item.finish()
+                self.on_recorded(item)
         for item in group:
             if isinstance(item, Commit) and item.spare is not None:
                 self._spare(item)
-        return True
+
+    def _keep_for_retry(self, group: list[Commit | Event], gens: list[int]) -> None:
+        """The journal could not take the group: the next flush tries it again, after what
+        was kept before it. Its waiting writers look again (``submit``)."""
+        for item in group:
+            if isinstance(item, Commit):
+                item.failed += 1
+                item.nudge()
+        self._retry += group
+        self._retry_gens += gens
 
     def _fail_group(self, group: list[Commit | Event], why: str) -> list[Commit | Event]:
         """Nothing of the group reached the tree or the journal. Writers waiting (strict,
@@ -1194,13 +1254,19 @@ class Workspace:
         gens: list[int],
         progress: dict[str, bool],
         loop: trio.lowlevel.TrioToken,
+        before: tuple[list[Commit | Event], list[int]],
+        record: bool,
     ) -> None:
-        """Make a group durable: stages synced, receipts, renames, commit records (thread).
+        """Make a group durable: stages synced, receipts, renames, one round of syncs,
+        commit records (thread). The records of ``before`` (the group applied last, synced
+        and not recorded) go in the receipts' transaction, or with this group's records if
+        it has no receipts; without ``record`` this group's records wait for the next
+        group (``progress`` says what was done).
 
         ``gens`` are the intent-log generations that hold the group's records (more than
-        one for a retried group), dropped once it is recorded. A retried group's commits
-        that were already replaced only get their records."""
-        gen = gens[-1]
+        one for a retried group). A retried group's commits that were already replaced
+        only get their records."""
+        before_items, before_gens = before
         commits = [c for c in group if isinstance(c, Commit) and not c.replaced]
         t = time.perf_counter()
         if commits:
@@ -1215,6 +1281,8 @@ class Workspace:
         linked = self.linked([c for c in commits if not c.superseded])
 
         def prepare(txn: Any) -> None:
+            if before_items:  # synced when it was applied: its records may go first
+                self._write_records(txn, before_items, before_gens)
             for c in commits:
                 rid = txn.new_receipt(
                     {
@@ -1230,11 +1298,14 @@ class Workspace:
                     }
                 )
                 c.info["receipt"] = rid
-            txn.set_meta_int(b"prepared_gen", gen)
+            txn.set_meta_int(b"prepared_gen", gens[-1])
 
         if commits:
             self.store.write(prepare)
             t = self._step("group.prepare", t)
+            if before_items:
+                progress["recorded_before"] = True
+                self._recorded_gens(before_gens)
         progress["prepared"] = True
         if commits:
             faults.point("after_prepare")
@@ -1254,30 +1325,41 @@ class Workspace:
             # Their kept files now have digest names: a recovery before the records would
             # not find them by their incoming names.
             assert self.intents is not None
-            self.intents.append_to(gen, {"kind": "digests", "events": kept})
+            self.intents.append_to(gens[-1], {"kind": "digests", "events": kept})
         # Each commit is durable now: after a crash its receipt is there, and the live
         # file holds the intended bytes, or the expected ones beside a synced stage that
         # recovery renames (SPEC §6.2). So a writer waiting in fsync is answered now,
         # while this thread goes on (not waiting for the loop to take the call).
         loop.run_sync_soon(_set_durable, commits)
-        t = self._step("group.replace", t)
-        # The renames, the namespace operations and the kept objects are durable before
-        # their records: one round of syncs for the whole group.
-        syncfs(self.root_fd)
-        t = self._step("group.syncfs", t)
+        if group:
+            t = self._step("group.replace", t)
+            # The renames, the namespace operations and the kept objects are durable
+            # before their records: one round of syncs for the whole group.
+            syncfs(self.root_fd)
+            t = self._step("group.syncfs", t)
         if commits:
             faults.point("before_commit_record")
+        if record or not commits:
+            # (A group of namespace events alone has no receipts to wait with.)
+            owed = [] if progress["recorded_before"] else before_items
+            owed_gens = [] if progress["recorded_before"] else before_gens
+            if owed or group:
+                self.store.write(self._write_records, owed + group, owed_gens + gens)
+                self._step("group.record", t)
+                progress["recorded_before"] = progress["recorded"] = True
+                self._recorded_gens(owed_gens + gens)
 
-        def record(txn: Any) -> None:
-            for item in group:
-                if isinstance(item, Commit):
-                    record_commit(txn, item)
-                else:
-                    item.lsn = record_event(txn, dict(item.event))
-            txn.set_meta_int(b"applied_gen", gen)
+    def _write_records(self, txn: Any, items: list[Commit | Event], gens: list[int]) -> None:
+        """The commit records of applied groups, in the journal's order (in ``txn``)."""
+        for item in items:
+            if isinstance(item, Commit):
+                record_commit(txn, item)
+            else:
+                item.lsn = record_event(txn, dict(item.event))
+        txn.set_meta_int(b"applied_gen", gens[-1])
 
-        self.store.write(record)
-        self._step("group.record", t)
+    def _recorded_gens(self, gens: list[int]) -> None:
+        """The intent-log generations whose records are all journaled now go."""
         faults.point("after_commit_record")
         assert self.intents is not None
         for g in gens:
