@@ -369,6 +369,47 @@ def test_failed_mount_names_the_option_and_leaves_nothing(project: Path) -> None
     assert not rwfs_mounted(str(project))
 
 
+def _nice_of_threads(pid: int) -> set[int]:
+    """The nice value of each of a process's threads (field 19 of /proc/PID/task/TID/stat)."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            out.add(int(f.read().rsplit(")", 1)[1].split()[16]))
+    return out
+
+
+@pytest.mark.parametrize("given", [None, "3"])
+def test_the_daemon_runs_at_the_nice_value_asked_for(project: Path, given: str | None) -> None:
+    # Its clients wait on it: by default it runs at -10 (as root here), with every thread.
+    m = Mount(project, options=() if given is None else (f"nice={given}",)).start()
+    try:
+        (project / "a.txt").write_text("one\n")  # (worker threads hash and sync)
+        fd = os.open(project / "a.txt", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        status = json.loads((project / ".rw" / "status").read_text())
+        want = -10 if given is None else int(given)
+        assert status["nice"] == want
+        assert m.proc is not None and _nice_of_threads(status["pid"]) == {want}
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+@pytest.mark.parametrize("bad", ["abc", "-21", "20", "1.5", ""])
+def test_a_nice_value_out_of_range_is_refused_before_anything_is_made(
+    project: Path, bad: str
+) -> None:
+    res = rwfs("mount", "-o", f"nice={bad}", str(project))
+    assert res.returncode == 1
+    assert f"-o nice={bad} is not a nice value" in res.stderr, res.stderr
+    assert "nothing was mounted" in res.stderr
+    assert not (project / ".rw").exists()
+    assert not rwfs_mounted(str(project))
+
+
 def test_dead_daemon_is_named_with_the_command_that_clears_it(project: Path) -> None:
     m = Mount(project).start()
     assert m.proc is not None

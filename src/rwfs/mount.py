@@ -35,6 +35,11 @@ log = logging.getLogger("rwfs")
 
 STATE_MARK = b"rwfs-state"
 OUR_OPTIONS = {"show_control"}
+# The daemon's nice value (``-o nice=N``; -10 unless told). Every request of the mount's
+# clients waits on the daemon, and each reply wakes its client: at the client's own
+# priority the woken client takes the CPU from the daemon in the middle of its reply
+# (docs/performance.md: a third of the metadata mix's time on two cores).
+NICE = -10
 # Mount options libfuse 3 and the kernel know (mount.fuse3(8), fuse(8)): an option not
 # among them is named when a mount fails.
 FUSE_OPTIONS = {
@@ -167,6 +172,7 @@ def serve(
     # file 0600. Cleared before anything is created: every file and directory rwfs makes
     # for itself names its mode (0700 directories, 0600 files, 0400 objects).
     os.umask(0)
+    nice = _nice(options)
     workspace = os.path.realpath(workspace)
     mountpoint = os.path.realpath(mountpoint)
     for point in {workspace, mountpoint} & set(rwfs_mounts()):
@@ -226,7 +232,8 @@ def serve(
     if overmount:
         kernelflags.keep_written_pages()
     fuse_opts = set(pyfuse3.default_options) | {"fsname=rwfs", "subtype=rwfs"}
-    fuse_opts |= options - OUR_OPTIONS
+    given = {o for o in options - OUR_OPTIONS if not o.startswith("nice=")}  # FUSE's
+    fuse_opts |= given
     try:
         pyfuse3.init(ops, mountpoint, fuse_opts)
     except RuntimeError as exc:
@@ -235,13 +242,14 @@ def serve(
             import shutil
 
             shutil.rmtree(os.path.join(workspace, ".rw"), ignore_errors=True)
-        unknown = sorted(o for o in options - OUR_OPTIONS if o.split("=")[0] not in FUSE_OPTIONS)
+        unknown = sorted(o for o in given if o.split("=")[0] not in FUSE_OPTIONS)
         if unknown:
             raise QuietError(
                 f"mounting {mountpoint} failed: FUSE does not know the mount option(s) "
                 f"{', '.join(unknown)}; nothing was mounted"
             ) from None
         raise QuietError(f"mounting {mountpoint} failed: {exc} (try 'rwfs doctor')") from None
+    info["nice"] = _set_nice(nice)  # before trio's worker threads: they inherit it
     if ready_fd is not None:
         os.write(ready_fd, b"ok\n")
         os.close(ready_fd)
@@ -251,6 +259,34 @@ def serve(
     finally:
         pyfuse3.close(unmount=True)
         store.close()
+
+
+def _nice(options: set[str]) -> int:
+    """The ``-o nice=N`` asked for (checked before anything is made), or ``NICE``."""
+    given = [o.partition("=")[2] for o in options if o.startswith("nice=")]
+    if not given:
+        return NICE
+    try:
+        value = int(given[-1])
+    except ValueError:
+        value = 99
+    if len(set(given)) > 1 or not -20 <= value <= 19:
+        raise QuietError(
+            f"-o nice={given[-1]} is not a nice value: give one integer from -20 (the "
+            "highest priority) to 19; nothing was mounted"
+        )
+    return value
+
+
+def _set_nice(value: int) -> int:
+    """Run the daemon at nice ``value``; a process that may not raise its priority (no
+    CAP_SYS_NICE, RLIMIT_NICE) stays where it is and says so in its log. Returns the
+    nice value it runs at."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, value)  # this thread, and the threads it makes
+    except OSError as exc:
+        log.info("running at nice %d, not %d: %s", os.getpriority(os.PRIO_PROCESS, 0), value, exc)
+    return os.getpriority(os.PRIO_PROCESS, 0)
 
 
 async def _main(ws: Workspace, ops: Operations) -> None:
