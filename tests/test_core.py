@@ -487,6 +487,41 @@ def test_a_groups_records_go_in_the_next_groups_receipts_transaction(
     assert ws.store.unsettled() == []
 
 
+def test_a_stage_dropped_while_its_group_is_not_synced_keeps_its_name_until_the_sync(
+    ws: Any, monkeypatch: Any
+) -> None:
+    # A hard-linked file is written in place: its stage is the only other copy of the new
+    # bytes until the group's syncfs, which waits with its records for the next group.
+    import trio
+
+    from rwfs import workspace
+
+    monkeypatch.setattr(workspace, "RECORD_WAIT", 3600.0)
+    (ws.tree / "f0").write_bytes(b"old")
+    os.link(ws.tree / "f0", ws.tree / "g0")
+    staging = ws.tree / ".rw" / "staging"
+
+    async def main() -> None:
+        ws.open_intents()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ws.run_committer)
+            c = await submit_new(ws, 0, True, owner=object())
+            with trio.fail_after(60):
+                while ws._unrecorded is None:
+                    await trio.sleep(0.001)
+            assert c.info.get("in_place") and c.discard and c.stage.fd == -1
+            assert (ws.tree / "g0").read_bytes() == b"new 0"  # one file, written in place
+            assert os.listdir(staging) == [c.stage.name.decode()]  # dropped, name kept
+            await ws.sync()  # the syncfs, the records, then the name goes
+            assert c.done.is_set() and os.listdir(staging) == []
+            await ws.close()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    writes = [e for e in ws.store.events() if e["op"] == "write"]
+    assert [(e["path"], e.get("links")) for e in writes] == [("f0", ["g0"])]
+
+
 def test_a_long_queue_starts_a_group_and_holds_writers_back(ws: Any, monkeypatch: Any) -> None:
     # Each queued commit holds descriptors: the queue must stay bounded (SPEC §1).
     import trio

@@ -328,6 +328,9 @@ class Workspace:
         # (one durable LMDB transaction for both, ``_apply_group``): its items, its
         # intent-log generations.
         self._unrecorded: tuple[list[Commit | Event], list[int]] | None = None
+        # Not None while it is not synced either (the next group's syncfs covers it): the
+        # staging names dropped meanwhile, unlinked after that sync (``drop_stage``).
+        self._unsynced: list[bytes] | None = None
         self._budget: dict[tuple[bytes, str], int] = {}  # retries left per (path, refused bytes)
         self._spares: collections.deque[bytes] = collections.deque()  # staging names (_spare)
         self.stats = Stats()
@@ -634,8 +637,17 @@ class Workspace:
             return
         os.close(stage.fd)
         stage.fd = -1
+        if self._unsynced is not None:
+            # A group's renames and links wait for the next group's syncfs: a name that
+            # may hold the only durable copy of bytes (an in-place write's source, a kept
+            # version's stage) goes after it (``_attempt``).
+            self._unsynced.append(stage.name)
+            return
+        self._unlink_stage(stage.name)
+
+    def _unlink_stage(self, name: bytes) -> None:
         try:
-            os.unlink(stage.name, dir_fd=self.staging_fd)
+            os.unlink(name, dir_fd=self.staging_fd)
         except FileNotFoundError:
             pass
 
@@ -1154,7 +1166,12 @@ class Workspace:
         before, before_gens = self._unrecorded or ([], [])
         self._unrecorded = None
         self._inflight = [*before, *group]  # (still unsettled: renames wait for them)
-        progress = {"prepared": False, "recorded_before": False, "recorded": False}
+        progress = {
+            "prepared": False,
+            "recorded_before": False,
+            "recorded": False,
+            "synced": False,  # this group and every one before it
+        }
         started = time.perf_counter()
         try:
             await trio.to_thread.run_sync(
@@ -1165,6 +1182,7 @@ class Workspace:
                 trio.lowlevel.current_trio_token(),
                 (before, before_gens),
                 record,
+                self._unsynced is not None,
                 limiter=_LIMIT,
             )
         except Exception as exc:  # LMDB or the disk failed: never let it stop the daemon
@@ -1175,6 +1193,8 @@ class Workspace:
                 self._recorded(before)
             elif before:  # applied already: its retry writes only its records
                 self._keep_for_retry(before, before_gens)
+            if progress["prepared"] and self._unsynced is None:
+                self._unsynced = []  # (it may have renamed: the retry syncs first)
             if not progress["prepared"]:
                 group = self._fail_group(group, str(exc))  # nothing of it was written
             else:
@@ -1196,6 +1216,10 @@ class Workspace:
         if group:
             self.stats.count("groups")
             self.stats.sample("group_commit", time.perf_counter() - started)
+        if progress["synced"]:
+            self._synced()
+        elif self._unsynced is None:
+            self._unsynced = []  # this group's renames wait for the next group's syncfs
         self._recorded(before)
         for item in group:
             if isinstance(item, Commit) and not item.settled:
@@ -1205,6 +1229,12 @@ class Workspace:
         else:
             self._unrecorded = (group, gens)
         return True
+
+    def _synced(self) -> None:
+        """Every group applied so far is synced: the staging names dropped meanwhile go."""
+        names, self._unsynced = self._unsynced or [], None
+        for name in names:
+            self._unlink_stage(name)
 
     def _recorded(self, group: list[Commit | Event]) -> None:
         """A group's records are in the journal: wake whoever waits for them."""
@@ -1256,12 +1286,14 @@ class Workspace:
         loop: trio.lowlevel.TrioToken,
         before: tuple[list[Commit | Event], list[int]],
         record: bool,
+        unsynced: bool,
     ) -> None:
         """Make a group durable: stages synced, receipts, renames, one round of syncs,
         commit records (thread). The records of ``before`` (the group applied last, synced
         and not recorded) go in the receipts' transaction, or with this group's records if
         it has no receipts; without ``record`` this group's records wait for the next
-        group (``progress`` says what was done).
+        group, and so does its ``syncfs``, unless it has no receipts (``unsynced``: the
+        groups before are not synced yet; ``progress`` says what was done).
 
         ``gens`` are the intent-log generations that hold the group's records (more than
         one for a retried group). A retried group's commits that were already replaced
@@ -1270,13 +1302,19 @@ class Workspace:
         commits = [c for c in group if isinstance(c, Commit) and not c.replaced]
         t = time.perf_counter()
         if commits:
-            if len(commits) > 8:
-                syncfs(self.staging_fd)  # one round of syncs for the whole group
+            if len(commits) > 8 or unsynced:
+                # One round of syncs for the whole group, and for the renames of the
+                # groups before it, which must be durable before their records.
+                syncfs(self.staging_fd)
+                unsynced = False
             else:
                 for c in commits:
                     os.fsync(c.stage.fd)
             faults.point("after_stage_sync")
             t = self._step("group.stage_sync", t)
+        elif unsynced:  # (the records alone of the group before, or events with them)
+            syncfs(self.root_fd)
+            unsynced = False
 
         linked = self.linked([c for c in commits if not c.superseded])
 
@@ -1333,10 +1371,13 @@ class Workspace:
         loop.run_sync_soon(_set_durable, commits)
         if group:
             t = self._step("group.replace", t)
+        if group and (record or not commits):
             # The renames, the namespace operations and the kept objects are durable
-            # before their records: one round of syncs for the whole group.
+            # before their records: one round of syncs for the whole group (or, when its
+            # records wait for the next group, that group's first).
             syncfs(self.root_fd)
             t = self._step("group.syncfs", t)
+        progress["synced"] = not unsynced and (not commits or record)
         if commits:
             faults.point("before_commit_record")
         if record or not commits:
