@@ -346,8 +346,9 @@ class Workspace:
         self.on_gone: Callable[[bytes], None] = lambda path: None  # rwfs removed a path
 
     def unsettled(self) -> list[Commit]:
-        """Commits sealed but not yet recorded (queued, in the group being applied, or in a
-        group the journal could not take)."""
+        """Commits sealed but not yet recorded (queued, in the group being applied, in the
+        group applied last whose records wait for the next, or in a group the journal
+        could not take)."""
         applied = self._unrecorded[0] if self._unrecorded else []
         items = (*applied, *self._inflight, *self._retry, *self._queue)
         return [c for c in items if isinstance(c, Commit)]
