@@ -294,6 +294,19 @@ def test_strict_close_gets_eio_when_its_group_cannot_be_journaled(tmp_path: Path
 # ---- in process: a group whose receipts are prepared but whose record cannot be written ----
 
 
+def failing_transaction(w: Any, name: str) -> tuple[Any, Any]:
+    """``w.store.write``, and a stand-in that fails the transactions of function ``name``
+    as a full disk would."""
+    real_write = w.store.write
+
+    def write(fn: Any, *args: Any) -> Any:
+        if getattr(fn, "__name__", "") == name:
+            raise JournalUnavailable("mdb_txn_commit: No space left on device")
+        return real_write(fn, *args)
+
+    return real_write, write
+
+
 def test_a_group_whose_record_fails_is_recorded_by_the_retry(ws: Any, monkeypatch: Any) -> None:
     """The receipts transaction commits, the commit-record transaction does not (the
     failure is injected there, in process: on a real full disk which of the two fails
@@ -301,12 +314,7 @@ def test_a_group_whose_record_fails_is_recorded_by_the_retry(ws: Any, monkeypatc
     record, and nothing is journaled twice."""
     w = ws
     (w.tree / "f").write_bytes(b"old\n")
-    real_write = w.store.write
-
-    def record_fails(fn: Any, *args: Any) -> Any:
-        if getattr(fn, "__name__", "") == "_write_records":
-            raise JournalUnavailable("mdb_txn_commit: No space left on device")
-        return real_write(fn, *args)
+    real_write, record_fails = failing_transaction(w, "_write_records")
 
     async def main() -> None:
         w.open_intents()
@@ -359,12 +367,7 @@ def test_a_group_whose_records_waited_is_retried_when_the_next_receipts_fail(
     w = ws
     for i in range(2):
         (w.tree / f"f{i}").write_bytes(b"old")
-    real_write = w.store.write
-
-    def prepare_fails(fn: Any, *args: Any) -> Any:
-        if getattr(fn, "__name__", "") == "prepare":
-            raise JournalUnavailable("mdb_txn_commit: No space left on device")
-        return real_write(fn, *args)
+    real_write, prepare_fails = failing_transaction(w, "prepare")
 
     async def main() -> None:
         w.open_intents()
