@@ -267,10 +267,10 @@ def _nice(options: set[str]) -> int:
     if not given:
         return NICE
     try:
-        value = int(given[-1])
+        value: int | None = int(given[-1])
     except ValueError:
-        value = 99
-    if len(set(given)) > 1 or not -20 <= value <= 19:
+        value = None
+    if len(set(given)) > 1 or value is None or not -20 <= value <= 19:
         raise QuietError(
             f"-o nice={given[-1]} is not a nice value: give one integer from -20 (the "
             "highest priority) to 19; nothing was mounted"

@@ -1290,11 +1290,12 @@ class Workspace:
         unsynced: bool,
     ) -> None:
         """Make a group durable: stages synced, receipts, renames, one round of syncs,
-        commit records (thread). The records of ``before`` (the group applied last, synced
-        and not recorded) go in the receipts' transaction, or with this group's records if
-        it has no receipts; without ``record`` this group's records wait for the next
-        group, and so does its ``syncfs``, unless it has no receipts (``unsynced``: the
-        groups before are not synced yet; ``progress`` says what was done).
+        commit records (thread). The records of ``before`` (the group applied last, not
+        recorded) go in the receipts' transaction, after the syncfs of this group's stages
+        that makes its renames durable too (``unsynced``: they are not yet), or with this
+        group's records if it has no receipts. Without ``record``, this group's records
+        and syncfs wait for the next group, unless it has no receipts (``progress`` says
+        what was done).
 
         ``gens`` are the intent-log generations that hold the group's records (more than
         one for a retried group). A retried group's commits that were already replaced
@@ -1313,14 +1314,11 @@ class Workspace:
                     os.fsync(c.stage.fd)
             faults.point("after_stage_sync")
             t = self._step("group.stage_sync", t)
-        elif unsynced:  # (the records alone of the group before, or events with them)
-            syncfs(self.root_fd)
-            unsynced = False
 
         linked = self.linked([c for c in commits if not c.superseded])
 
         def prepare(txn: Any) -> None:
-            if before_items:  # synced when it was applied: its records may go first
+            if before_items:  # (synced above): its records go first
                 self._write_records(txn, before_items, before_gens)
             for c in commits:
                 rid = txn.new_receipt(
@@ -1372,13 +1370,17 @@ class Workspace:
         loop.run_sync_soon(_set_durable, commits)
         if group:
             t = self._step("group.replace", t)
-        if group and (record or not commits):
-            # The renames, the namespace operations and the kept objects are durable
-            # before their records: one round of syncs for the whole group (or, when its
-            # records wait for the next group, that group's first).
-            syncfs(self.root_fd)
-            t = self._step("group.syncfs", t)
-        progress["synced"] = not unsynced and (not commits or record)
+        if record or not commits:
+            if group or unsynced:
+                # The renames, the namespace operations and the kept objects are durable
+                # before their records: one round of syncs for the whole group, and for
+                # the group before if its records are the ones to write.
+                syncfs(self.root_fd)
+                t = self._step("group.syncfs", t)
+            unsynced = False
+        else:
+            unsynced = True  # the next group's first syncfs covers this one's renames
+        progress["synced"] = not unsynced
         if commits:
             faults.point("before_commit_record")
         if record or not commits:
