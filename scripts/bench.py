@@ -1,11 +1,12 @@
-"""rwfs benchmark: each workload on a native directory, a bindfs mount and rwfs mounts
-(group, strict).
+"""rwfs benchmark: each workload on a native directory, a bindfs mount, a mount of a
+minimal pyfuse3 passthrough and rwfs mounts (group, strict).
 
 Run through ``scripts/bench`` (which bootstraps the venv). Every measurement gets a fresh
 temporary directory under /tmp; every rwfs measurement mounts a fresh workspace over itself
 and always unmounts it (``fusermount3 -u``, then ``-u -z``, then SIGKILL of the daemon this
 script started). The table gives the median over ``--runs`` runs, the ratio to native and
-each rwfs mode's ratio to bindfs (the targets' base, docs/performance.md), all measured in
+each rwfs mode's ratio to bindfs (the targets' base, docs/performance.md) and to the pyfuse3
+passthrough (rwfs's stack with no journaling: what is rwfs's own work), all measured in
 the same run. Timings belong here, never in tests.
 """
 
@@ -31,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MODES = ("native", "bindfs", "group", "strict")
+MODES = ("native", "bindfs", "pyfuse3", "group", "strict")
 FLOOR_CALLS = 20_000
 SCRIPTS = Path(__file__).resolve().parent
 MIN_TREE_FILES = 3000
@@ -990,6 +991,13 @@ def measurement_dir(mode: str, logdir: Path, tag: str) -> Iterator[tuple[Path, i
             _leftovers.append(backing)
             with fuse_process(["bindfs", "-f", str(backing), str(d)], d):
                 yield d, None
+        elif mode == "pyfuse3":  # rwfs's stack, no journaling: the floor of this design
+            backing = Path(f"{d}-backing")
+            backing.mkdir()
+            _leftovers.append(backing)
+            cmd = [sys.executable, str(SCRIPTS / "pyfuse3_passthrough.py"), str(backing), str(d)]
+            with fuse_process(cmd, d):
+                yield d, None
         else:
             mount = Mount(d, mode, logdir / f"{d.name}.log")
             try:
@@ -1028,7 +1036,8 @@ def fmt_ratio(r: float | None, targets: tuple[Target, ...], mode: str, base: str
     return f"{r:.2f}×{mark}"
 
 
-# The rwfs modes whose ratio to bindfs the table and the JSON give.
+# The rwfs modes whose ratios to bindfs and to the pyfuse3 passthrough the table and the
+# JSON give (and the passthrough's own to bindfs).
 RWFS_MODES = ("group", "strict")
 
 
@@ -1070,7 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--modes",
         default=",".join(m for m in MODES if m != "bindfs" or shutil.which("bindfs")),
-        help="comma-separated of native,bindfs,group,strict (bindfs: when installed)",
+        help="comma-separated of native,bindfs,pyfuse3,group,strict (bindfs: when installed)",
     )
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = ap.parse_args(argv)
@@ -1082,7 +1091,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     modes = [m for m in args.modes.split(",") if m]
     if "native" not in modes or any(m not in MODES for m in modes):
-        ap.error("--modes must include native and only name native, bindfs, group, strict")
+        ap.error("--modes must include native and only name native, bindfs, pyfuse3, group, strict")
     if "bindfs" in modes and not shutil.which("bindfs"):
         ap.error("bindfs is not installed (scripts/bench installs it)")
     if not os.path.exists("/dev/fuse") and len(modes) > 1:
@@ -1165,7 +1174,7 @@ def main(argv: list[str] | None = None) -> int:
                 med = medians.get(key, {})
                 ratios = {
                     base: {m: ratio(med.get(m), med.get(base)) for m in modes}
-                    for base in ("native", "bindfs")
+                    for base in ("native", "bindfs", "pyfuse3")
                 }
                 entry = {
                     "metric": key,
@@ -1173,7 +1182,10 @@ def main(argv: list[str] | None = None) -> int:
                     "seconds": {m: results.times.get(key, {}).get(m, []) for m in modes},
                     "median": med,
                     "ratio": ratios["native"],
-                    "ratio_bindfs": {m: ratios["bindfs"][m] for m in modes if m in RWFS_MODES},
+                    "ratio_bindfs": {
+                        m: ratios["bindfs"][m] for m in modes if m in ("pyfuse3", *RWFS_MODES)
+                    },
+                    "ratio_pyfuse3": {m: ratios["pyfuse3"][m] for m in modes if m in RWFS_MODES},
                     "targets": [
                         {
                             "base": tg.base,
@@ -1197,8 +1209,9 @@ def main(argv: list[str] | None = None) -> int:
     header = ["workload", "native"]
     for m in others:
         header += [m, f"{m}/nat"]
-    over_bindfs = [m for m in RWFS_MODES if m in others] if "bindfs" in others else []
-    header += [f"{m}/bindfs" for m in over_bindfs]
+    over_bindfs = [m for m in ("pyfuse3", *RWFS_MODES) if m in others] if "bindfs" in others else []
+    over_py = [m for m in RWFS_MODES if m in others] if "pyfuse3" in others else []
+    header += [f"{m}/bindfs" for m in over_bindfs] + [f"{m}/py" for m in over_py]
     header.append("target")
     rows: list[list[str]] = []
     for wl in wls:
@@ -1212,6 +1225,8 @@ def main(argv: list[str] | None = None) -> int:
             for mode in over_bindfs:
                 r = ratio(med.get(mode), med.get("bindfs"))
                 row.append(fmt_ratio(r, targets, mode, "bindfs"))
+            for mode in over_py:
+                row.append(fmt_ratio(ratio(med.get(mode), med.get("pyfuse3")), (), mode, "py"))
             row.append(", ".join(tg.text() for tg in targets) or "—")
             rows.append(row)
     print(
@@ -1225,17 +1240,23 @@ def main(argv: list[str] | None = None) -> int:
         " the fsync small-file row compares with\n       native fsyncing each file too; every"
         " cell used a fresh /tmp dir and mount;\n       bindfs is a C passthrough"
         " filesystem (no journaling) over another directory, the FUSE baseline;\n"
+        "       pyfuse3 (m/py) a passthrough on rwfs's own stack (pyfuse3 + trio, no"
+        " journaling), the floor of this design;\n"
         f"       the metadata mix is the wall time of {META_PROCS} processes at once; the"
         " checkout runs in a clone made untimed;\n       targets to bindfs are marked in"
         " the m/bindfs columns, those to native in m/nat."
     )
     c = medians.get("floor_c", {}).get("native")
     rw = medians.get("floor", {}).get("group")
+    py = medians.get("floor", {}).get("pyfuse3")
     if c is not None:
         print(
             f"floor: the getxattr loop against a minimal C libfuse server took {fmt_secs(c)}"
             f" ({c / FLOOR_CALLS * 1e6:.0f} µs a request), the FUSE round trip on this"
-            " machine" + (f"; rwfs (group) took {rw / c:.2f}× that." if rw is not None else ".")
+            " machine"
+            + (f"; rwfs (group) took {rw / c:.2f}× that" if rw is not None else "")
+            + (f", the pyfuse3 passthrough {py / c:.2f}×" if py is not None else "")
+            + "."
         )
     return 0
 
