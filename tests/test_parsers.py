@@ -344,3 +344,31 @@ def _tomllib_ok(data: bytes) -> bool:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError):
         return False
     return True
+
+
+def test_kept_parses_outlast_a_checkout_and_are_bounded_by_their_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A branch switch rewrites hundreds of files, then the switch back rewrites them
+    again: each path's parse must still be kept for the second to be quick. What is kept
+    is bounded by its estimated memory, a tree-sitter tree weighing far more than an
+    outline, the least recently parsed going first."""
+    kept = parsers._Kept()
+    monkeypatch.setattr(parsers, "_kept", kept)
+    monkeypatch.setattr(parsers, "_reparse", lambda *a: pytest.fail("no quick reparse"))
+    body = b"".join(b"def f%d(x):\n    return x + %d\n\n" % (i, i) for i in range(40))
+    paths = [b"pkg/m%d.py" % i for i in range(600)]
+    parse = parsers.PARSERS["python"]
+    for p in paths:  # the first switch: every file parsed in full
+        assert parse(body + p, p, b"x = 1\n") is None
+    assert all(kept.get(("python", p), body + p) is not None for p in paths)
+
+    monkeypatch.setattr(parsers, "_KEEP_TOTAL", 100 * len(body) * parsers.TREE_COST)
+    src = b"function f(x) {\n  return x * 2;\n}\n" * 40
+    for i in range(150):
+        assert parsers.PARSERS["javascript"](src, b"w/a%d.js" % i) is None
+    assert kept._bytes <= parsers._KEEP_TOTAL
+    trees = [i for i in range(150) if kept.get(("javascript", b"w/a%d.js" % i), src) is not None]
+    # Trees of 1.3 KB at 30 bytes a byte: about 100 fit with nothing else, the newest.
+    assert 60 <= len(trees) < 150 and trees == list(range(150 - len(trees), 150)), trees
+    assert kept.get(("python", paths[0]), body + paths[0]) is None  # the oldest went first

@@ -40,19 +40,25 @@ Error = tuple[int, str]  # (line, message) of the first syntax error
 Parser = Callable[..., Error | None]  # (data, path=None, previous=None)
 
 # Per-path state is kept for files up to _KEEP_BYTES, for at most _KEEP_PATHS paths
-# and _KEEP_TOTAL bytes of them (a tree or outline costs a few times its file).
+# and about _KEEP_TOTAL bytes of memory. A checkout of a branch and back again changes
+# hundreds of files twice, and each second parse is quick only if the first is still kept.
 _KEEP_BYTES = 2 << 20
-_KEEP_PATHS = 128
-_KEEP_TOTAL = 32 << 20
+_KEEP_PATHS = 4096
+_KEEP_TOTAL = 128 << 20
+# What a kept version costs, in bytes of memory a byte of the file: the bytes themselves
+# and an outline (measured: a third of a byte a byte of Python), or a tree-sitter tree
+# (measured: 27-29 bytes a byte of JavaScript, or of Python read by another grammar).
+OUTLINE_COST = 2
+TREE_COST = 30
 
 
 class _Kept:
-    """A small least-recently-used map (format, path) -> (bytes, what their parse left),
-    shared by the worker threads."""
+    """A least-recently-used map (format, path) -> (bytes, what their parse left), shared
+    by the worker threads."""
 
     def __init__(self) -> None:
-        self._items: dict[tuple[str, bytes], tuple[bytes, Any]] = {}
-        self._bytes = 0
+        self._items: dict[tuple[str, bytes], tuple[bytes, Any, int]] = {}
+        self._bytes = 0  # the estimated memory of what is kept
         self._lock = threading.Lock()
 
     def get(self, key: tuple[str, bytes], data: bytes) -> Any:
@@ -60,16 +66,17 @@ class _Kept:
             hit = self._items.get(key)
         return hit[1] if hit is not None and hit[0] == data else None
 
-    def put(self, key: tuple[str, bytes], data: bytes, state: Any) -> None:
+    def put(self, key: tuple[str, bytes], data: bytes, state: Any, cost: int) -> None:
+        """Keep ``state``, what parsing ``data`` left, which costs ``cost`` bytes a byte."""
         if len(data) > _KEEP_BYTES:
             return
         with self._lock:
             old = self._items.pop(key, None)
-            self._bytes += len(data) - (len(old[0]) if old else 0)
-            self._items[key] = (data, state)
+            self._bytes += len(data) * cost - (old[2] if old else 0)
+            self._items[key] = (data, state, len(data) * cost)
             while len(self._items) > _KEEP_PATHS or self._bytes > _KEEP_TOTAL:
                 first = next(iter(self._items))  # the least recently parsed
-                self._bytes -= len(self._items.pop(first)[0])
+                self._bytes -= self._items.pop(first)[2]
 
 
 _kept = _Kept()
@@ -201,11 +208,11 @@ def _outlined(lang: str, fmt: _Outliner) -> Parser:
             if blocks is not None:
                 blocks = _reparse(fmt, previous, blocks, data)
                 if blocks is not None:
-                    _kept.put(key, data, blocks)
+                    _kept.put(key, data, blocks, OUTLINE_COST)
                     return None
         err, blocks = fmt.outline(data)
         if err is None and path is not None and blocks:
-            _kept.put(key, data, blocks)
+            _kept.put(key, data, blocks, OUTLINE_COST)
         return err
 
     return parse
@@ -586,7 +593,7 @@ def _tree_sitter(lang: str) -> Parser:
                 _edit(old_tree, previous, data)
         tree = parser.parse(data, old_tree) if old_tree is not None else parser.parse(data)
         if path is not None:
-            _kept.put(key, data, tree)
+            _kept.put(key, data, tree, TREE_COST)
         return _ts_error(tree.root_node)
 
     return parse
