@@ -4,9 +4,11 @@ journaling at all: the floor under any design that answers FUSE requests in Pyth
 ``scripts/bench`` mounts it as its ``pyfuse3`` column, beside bindfs (a C passthrough),
 so that each row shows how much of rwfs's time is the stack it runs on and how much is
 rwfs's own work (docs/performance.md). It serves the kernel the way rwfs does where that
-costs nothing (entry and attribute timeouts of 60 s, ``keep_cache`` on open, the same
-nice value) and answers every request on the event loop with one or two system calls,
-but ``fsync`` in a worker thread.
+costs nothing: entry and attribute timeouts of 60 s, ``keep_cache`` on open, the same
+nice value, and the kernel caches rwfs's C extension asks for (``rwfs.kernelflags``: no
+OPENDIR and every listing cached, no FLUSH at a read-only close, written pages kept).
+It answers every request on the event loop with one or two system calls, but ``fsync``
+in a worker thread.
 
 Usage: pyfuse3_passthrough.py BACKING MOUNTPOINT   (foreground; unmount to stop)
 """
@@ -21,7 +23,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import pyfuse3
+from rwfs import kernelflags  # before pyfuse3, whose libfuse calls it must wrap
+
+import pyfuse3  # noqa: E402  (isort: skip)
 import trio
 
 TIMEOUT = 60.0
@@ -52,8 +56,7 @@ class Passthrough(pyfuse3.Operations):
         # The (parent inode, name) entries of each inode the kernel knows (a hard-linked
         # file's names; a directory's one), so that a rename moves a whole subtree.
         self.names: dict[int, set[tuple[int, bytes]]] = {}
-        self.dirs: dict[int, tuple[int, list[bytes]]] = {}  # opendir's inode, names
-        self._next_dir = 1
+        self.listings: dict[int, list[bytes]] = {}  # a directory's names, while listed
 
     def _path(self, ino: int) -> bytes:
         if ino == pyfuse3.ROOT_INODE:
@@ -115,7 +118,7 @@ class Passthrough(pyfuse3.Operations):
         path = self._path(inode)
         if fields.update_size:
             if fh is not None:
-                os.ftruncate(fh, attr.st_size)
+                os.ftruncate(kernelflags.handle(fh), attr.st_size)
             else:
                 os.truncate(path, attr.st_size)
         if fields.update_mode:
@@ -137,24 +140,26 @@ class Passthrough(pyfuse3.Operations):
 
     @_errors
     async def opendir(self, inode: int, ctx: Any) -> int:
-        fh = self._next_dir
-        self._next_dir += 1
-        self.dirs[fh] = (inode, sorted(os.listdir(self._path(inode))))
-        return fh
+        if kernelflags.no_opendir():
+            raise pyfuse3.FUSEError(errno.ENOSYS)  # the kernel stops asking, caches listings
+        return inode | kernelflags.CACHE_DIR
 
     @_errors
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        parent, names = self.dirs[fh]
+        parent = kernelflags.dir_inode(fh)
+        if parent is None:
+            parent = kernelflags.handle(fh)
+        names = self.listings.get(parent)
+        if names is None or start_id == 0:
+            names = self.listings[parent] = sorted(os.listdir(self._path(parent)))
         for i in range(start_id, len(names)):
             try:
                 attr = self._enter(parent, names[i])
             except FileNotFoundError:
                 continue
             if not pyfuse3.readdir_reply(token, names[i], attr, i + 1):
-                break
-
-    async def releasedir(self, fh: int) -> None:
-        self.dirs.pop(fh, None)
+                return
+        self.listings.pop(parent, None)  # the whole listing went out
 
     @_errors
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
@@ -215,7 +220,8 @@ class Passthrough(pyfuse3.Operations):
     @_errors
     async def open(self, inode: int, flags: int, ctx: Any) -> Any:
         fd = os.open(self._path(inode), flags & ~os.O_CREAT)
-        return pyfuse3.FileInfo(fh=fd, keep_cache=True)
+        read_only = flags & os.O_ACCMODE == os.O_RDONLY
+        return pyfuse3.FileInfo(fh=fd | (kernelflags.NOFLUSH if read_only else 0), keep_cache=True)
 
     @_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
@@ -224,7 +230,7 @@ class Passthrough(pyfuse3.Operations):
 
     @_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return os.pread(fh, size, off)
+        return os.pread(kernelflags.handle(fh), size, off)
 
     @_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -235,12 +241,13 @@ class Passthrough(pyfuse3.Operations):
 
     @_errors
     async def release(self, fh: int) -> None:
-        os.close(fh)
+        os.close(kernelflags.handle(fh))
 
     @_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
         # In a worker thread, as rwfs does: a device flush must not stop the other requests.
-        await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, fh)
+        sync = os.fdatasync if datasync else os.fsync
+        await trio.to_thread.run_sync(sync, kernelflags.handle(fh))
 
     @_errors
     async def statfs(self, ctx: Any) -> Any:
@@ -280,6 +287,7 @@ def main(argv: list[str]) -> int:
         return 2
     backing, point = (os.fsencode(os.path.abspath(a)) for a in argv)
     ops = Passthrough(backing)
+    kernelflags.keep_written_pages()
     pyfuse3.init(ops, os.fsdecode(point), set(pyfuse3.default_options) | {"fsname=pyfuse3pt"})
     try:
         os.setpriority(os.PRIO_PROCESS, 0, NICE)
