@@ -290,10 +290,10 @@ def install_wrappers() -> None:
     # The committer's groups (extra: how many commits and events each took).
     attempt = rwfs.workspace.Workspace._attempt
 
-    async def timed_attempt(self: Any, group: list[Any], gens: list[int]) -> bool:
+    async def timed_attempt(self: Any, group: list[Any], gens: list[int], **kw: Any) -> bool:
         t = pc()
         try:
-            return await attempt(self, group, gens)
+            return await attempt(self, group, gens, **kw)
         finally:
             C.add("group", pc() - t, len(group))
 
