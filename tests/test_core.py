@@ -662,3 +662,63 @@ def test_a_digest_is_cached_only_once_the_files_last_change_is_not_racy(ws: Any)
         assert list(ws._digests.values())[0][1] == sha(b"one")
     finally:
         os.close(fd)
+
+
+def test_a_small_rewrite_is_gated_on_the_loop_only_when_its_parse_is_kept(
+    ws: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rewrite of a small file whose old bytes' parse is kept is sealed and gated on the
+    event loop (quicker than a thread hop), with the same findings the gates give in a
+    worker thread; one whose parse is not kept, or a larger file, goes to a thread."""
+    import trio
+
+    from rwfs import gates, parsers, workspace
+
+    hops: list[str] = []
+    real = trio.to_thread.run_sync
+
+    async def counted(fn: Any, *args: Any, **kw: Any) -> Any:
+        hops.append(fn.__name__)
+        return await real(fn, *args, **kw)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    monkeypatch.setattr(parsers, "_kept", parsers._Kept())
+    f = ws.tree / "m.py"
+
+    def module(n: int, k: int) -> bytes:
+        return b"".join(b"def f%d(x):\n    return x + %d\n\n" % (i, i * k) for i in range(n))
+
+    async def rewrite(data: bytes) -> tuple[list[str], list[gates.Finding]]:
+        hops.clear()
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            stage = await ws.new_stage(fd, truncate=True, expected="x")
+            os.pwrite(stage.fd, data, 0)
+            stage.sealed = True
+            findings = (await ws.seal(stage, (b"m.py", fd)))[2]
+        finally:
+            os.close(fd)
+        ws.drop_stage(stage)
+        return [h for h in hops if h in ("work", "_run_gates")], findings
+
+    async def main() -> None:
+        f.write_bytes(module(60, 1))
+        assert await rewrite(module(60, 2)) == (["work"], [])  # the old parse is not kept
+        f.write_bytes(module(60, 2))  # committed: its parse is kept now
+        assert await rewrite(module(60, 3)) == ([], [])
+        f.write_bytes(module(60, 3))
+        broken = module(60, 3).replace(b"return x + 6\n", b"return (x + 6\n")
+        where, findings = await rewrite(broken)
+        assert where == [] and [x.gate for x in findings] == ["syntax"]
+        assert findings[0].action == "reject" and "does not parse" in findings[0].message
+        assert gates.check(b"m.py", module(60, 3), broken, ws.policy.gate)[0].message == (
+            findings[0].message
+        )
+        big = module(200, 2)  # over GATES_ON_LOOP, though its parse is kept
+        assert len(big) > workspace.GATES_ON_LOOP
+        f.write_bytes(big)
+        parsers.parse_errors(b"m.py", big)
+        assert parsers.quick(b"m.py", big)
+        assert (await rewrite(module(200, 3)))[0] == ["work"]
+
+    trio.run(main)

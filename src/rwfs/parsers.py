@@ -745,6 +745,16 @@ def parse_errors(
     return lang, ([] if err is None else [{"line": err[0], "message": err[1]}])
 
 
+def quick(path: bytes, previous: bytes) -> bool:
+    """Whether a version of ``path`` that replaces ``previous`` is parsed in microseconds:
+    the path has no format rwfs parses, one parsed whole that fast (JSON, TOML), or the
+    parse of ``previous`` is kept, so that only around the edit is parsed again."""
+    lang = language(path)
+    if lang is None or lang in ("json", "toml"):
+        return True
+    return _kept.get((lang, path), previous) is not None
+
+
 def statements(path: bytes, data: bytes) -> list[str] | None:
     """The kinds of the top-level statements ``data`` holds (comments aside: ``ast`` class
     names for Python, tree-sitter node types otherwise) when it parses on its own in the
