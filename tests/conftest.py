@@ -130,14 +130,18 @@ class Mount:
         finally:
             self.proc = None
 
-    def kill(self) -> None:
-        """SIGKILL the daemon (a crash), then clear the dead mount."""
+    def kill(self, reap: bool = True) -> None:
+        """SIGKILL the daemon (a crash), then clear the dead mount. ``reap=False`` leaves
+        the dead mount (every access fails with ENOTCONN) for the caller to clear with
+        ``reap()`` once its writers have stopped: a writer that outlived the clearing would
+        write the raw tree, behind rwfs's back."""
         if self.proc is None:
             return
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
         self.proc = None
-        self.reap()
+        if reap:
+            self.reap()
 
     def reap(self) -> None:
         if rwfs_mounted(str(self.mountpoint)):
