@@ -718,7 +718,8 @@ def test_a_small_rewrite_is_gated_on_the_loop_only_when_its_parse_is_kept(
         assert len(big) > workspace.GATES_ON_LOOP
         f.write_bytes(big)
         parsers.parse_errors(b"m.py", big)
-        assert parsers.quick(b"m.py", big)
+        assert parsers.quick(b"m.py", lambda: big)
+        assert parsers.quick(b"notes.txt", lambda: pytest.fail("no format: nothing to read"))
         assert (await rewrite(module(200, 3)))[0] == ["work"]
 
     trio.run(main)

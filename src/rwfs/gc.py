@@ -7,7 +7,8 @@ version of each path, or, within the retention policy, a history version replace
 than ``retain_days`` ago. Whoever keeps an object and journals what refers to it does
 both under ``Workspace.commit_lock`` (``Workspace.exclusive``), which the daemon's gc
 holds, after a flush. ``retain_bytes`` (when not 0) then caps what is kept by retention
-alone, dropping the oldest first. Everything else goes. Blocking: the daemon runs it in a worker thread, the CLI directly when unmounted.
+alone, dropping the oldest first. Everything else goes. Blocking: the daemon runs it in a
+worker thread, the CLI directly when unmounted.
 """
 
 from __future__ import annotations

@@ -745,14 +745,15 @@ def parse_errors(
     return lang, ([] if err is None else [{"line": err[0], "message": err[1]}])
 
 
-def quick(path: bytes, previous: bytes) -> bool:
-    """Whether a version of ``path`` that replaces ``previous`` is parsed in microseconds:
-    the path has no format rwfs parses, one parsed whole that fast (JSON, TOML), or the
-    parse of ``previous`` is kept, so that only around the edit is parsed again."""
+def quick(path: bytes, previous: Callable[[], bytes]) -> bool:
+    """Whether a version of ``path`` that replaces the bytes ``previous()`` reads is parsed
+    in microseconds: the path has no format rwfs parses, one parsed whole that fast (JSON,
+    TOML), or the parse of those bytes is kept, so that only around the edit is parsed
+    again. ``previous`` is called only for a format whose parse is kept."""
     lang = language(path)
     if lang is None or lang in ("json", "toml"):
         return True
-    return _kept.get((lang, path), previous) is not None
+    return _kept.get((lang, path), previous()) is not None
 
 
 def statements(path: bytes, data: bytes) -> list[str] | None:

@@ -707,7 +707,7 @@ class Workspace:
         if base_fd < 0:
             return True
         size = os.fstat(base_fd).st_size
-        return size <= GATES_ON_LOOP and parsers.quick(path, os.pread(base_fd, size, 0))
+        return size <= GATES_ON_LOOP and parsers.quick(path, lambda: os.pread(base_fd, size, 0))
 
     def _run_gates(
         self, path: bytes, base_fd: int, stage_fd: int, cut: bool = False
