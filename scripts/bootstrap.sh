@@ -29,7 +29,8 @@ rwfs_venv() {
     stamp="$(cat "$RWFS_ROOT/pyproject.toml" "$RWFS_ROOT/setup.py" "$RWFS_ROOT/src/rwfs/_fuseopen.c" \
         | sha256sum | cut -c1-16)$1"
     if [ ! -x "$venv/bin/python" ]; then
-        python3 -m venv "$venv"
+        # RWFS_PYTHON: the Python to build it on (one every user can run, for a shared install).
+        "${RWFS_PYTHON:-python3}" -m venv "$venv"
     fi
     local have
     have="$(cat "$venv/.rwfs-stamp" 2>/dev/null || true)"

@@ -212,7 +212,7 @@ def test_batch_holds_edits_until_commit_then_writes_all(tmp_path: Path) -> None:
         assert listing(m, "batches") == ["feat"]
         st = bstatus(m, "feat")
         assert (st["name"], st["state"], st["paths"], st["reasons"]) == ("feat", "open", [], [])
-        assert st["scope"] == {"kind": "all"}
+        assert st["scope"] == {"kind": "uid", "uid": os.getuid()}  # its opener's writes
 
         # Five ordinary writers; a.txt is written twice (the second builds on the draft).
         subprocess.run(["sh", "-c", f"printf 'alpha rewritten\\n' > {mp}/a.txt"], check=True)

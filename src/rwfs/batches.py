@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from . import faults
+from . import beneath, faults, rights
 from .objects import EMPTY_DIGEST, open_regular
 from .store import now_iso, plain_name
 from .workspace import (
@@ -52,14 +52,15 @@ ABORTED, INTERRUPTED, CONFLICTED = "aborted", "interrupted", "conflicted"
 def _err(message: str, batch: str | None, errno_: int = errno.EINVAL, **extra: Any) -> RwfsError:
     error, hint = {
         errno.ESTALE: ("stale_precondition", "conflict"),
+        errno.EACCES: ("policy_violation", "permission"),
         errno.EBADMSG: ("blocked", "gate"),
         errno.EIO: ("journal_unavailable", "io"),
     }.get(errno_, ("policy_violation", "verb"))
     where = extra.pop("where", None) or (f".rw/batches/{batch}/ctl" if batch else ".rw/batches")
     return RwfsError(
         errno_,
-        extra.pop("error", error),
-        extra.pop("hint", hint),
+        extra.pop("error", None) or error,  # (a reason may name none: its errno's)
+        extra.pop("hint", None) or hint,
         message,
         path=where,
         batch=batch,
@@ -146,7 +147,9 @@ class Batches:
                 name,
                 errno.EEXIST,
             )
-        batch = self.all[name] = Batch(_record(name, OPEN, who, "all", {}))
+        # The opener's writes only, until a scope verb says otherwise (SPEC §3.3b).
+        batch = self.all[name] = Batch(_record(name, OPEN, who, "uid", {}))
+        batch.record["scope"]["uid"] = who.get("uid", 0)
         try:
             await self._save(batch)
         except BaseException:
@@ -169,6 +172,18 @@ class Batches:
         # journal's batch names keep meaning one batch.
         batch.record["removed"] = True
         await self._save(batch)
+
+    def may_steer(self, batch: Batch, who: dict[str, Any]) -> None:
+        """Only the user who opened a batch, or root, commits, aborts, resumes or rolls
+        it back (SPEC §3.3b: a verb acts with its caller's rights)."""
+        opener = (batch.record.get("opened_by") or {}).get("uid")
+        if who.get("uid") not in (0, None, opener) and opener is not None:
+            raise _err(
+                f"Batch {batch.name} was opened by another user (uid {opener}), so nothing "
+                "was done: only that user or root may commit, abort, resume or roll it back.",
+                batch.name,
+                errno.EACCES,
+            )
 
     def for_writer(self, who: dict[str, Any]) -> Batch | None:
         """The open batch whose scope takes this writer's commits (the newest that does)."""
@@ -384,14 +399,26 @@ class Batches:
             for commit in batch.held.values():
                 self.ws.drop_stage(commit.stage)
                 self._settled(commit, ABORTED)
+                # Each draft dropped is journaled: its writer was told its write succeeded.
+                self.ws.record(
+                    {
+                        "op": "drop",
+                        "path": fsdecode(commit.path),
+                        "batch": batch.name,
+                        "expected": commit.stage.expected,
+                        "intended": commit.intended,
+                        **{k: commit.info[k] for k in ("pid", "comm", "uid") if k in commit.info},
+                    }
+                )
             batch.held.clear()
             for link in batch.record.get("links", []):  # made in the batch, still that file
                 path = os.fsencode(link["path"])
                 try:
-                    st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
-                    if [st.st_ino, st.st_nlink > 1] != [link["ino"], True]:
-                        continue  # its other names are gone: the name holds the file now
-                    os.unlink(path, dir_fd=self.ws.root_fd)
+                    with beneath.parent(self.ws.root_fd, path) as (dfd, name):
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                        if [st.st_ino, st.st_nlink > 1] != [link["ino"], True]:
+                            continue  # its other names are gone: the name holds the file now
+                        os.unlink(name, dir_fd=dfd)
                 except OSError:
                     continue
                 self.ws.record({"op": "unlink", "path": link["path"], "batch": batch.name})
@@ -399,7 +426,8 @@ class Batches:
             for d in reversed(batch.record.get("dirs", [])):  # made in the batch, still empty
                 path = os.fsencode(d)
                 try:
-                    os.rmdir(path, dir_fd=self.ws.root_fd)
+                    with beneath.parent(self.ws.root_fd, path) as (dfd, name):
+                        os.rmdir(name, dir_fd=dfd)
                 except OSError:
                     continue
                 self.ws.record({"op": "rmdir", "path": d, "batch": batch.name})
@@ -532,6 +560,8 @@ class Batches:
         meanwhile becomes a conflict (ESTALE once the rest is done). Returns the batch, which
         can itself be undone. A file brought back gets its mode from ``modes`` (path ->
         mode bits, see ``modes_at``) when it has one there."""
+        # Checked first: nothing is made if one fails.
+        rights.require(self.ws.root_fd, {p: t is None for p, (_, t) in changes.items()}, who)
         name = base
         n = 1
         while name in self.all:
@@ -684,6 +714,10 @@ class Batches:
         for c in commits:
             try:
                 live, st = self.ws.live_digest(c.path)
+            except beneath.Escape:
+                c.outcome = "pending"
+                fail(c, errno.EPERM, "symlink", "a directory on its path is a symlink")
+                continue
             except OSError as exc:
                 c.outcome = "pending"
                 fail(c, errno.EIO, "unreadable", f"it cannot be read ({exc.strerror})")

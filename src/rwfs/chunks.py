@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from . import beneath, rights
 from .store import now_iso, plain_name
 from .workspace import _LIMIT, Commit, RwfsError, conflict_error
 
@@ -171,6 +172,7 @@ class Chunks:
             )
         ws = self.c.ws
         digests = plan(self._get(name))
+        rights.require(ws.root_fd, {path: False}, who)
         await ws.sync()  # compose against the file's journaled bytes
 
         live, st = await trio.to_thread.run_sync(ws.live_digest, path, limiter=_LIMIT)
@@ -182,7 +184,7 @@ class Chunks:
         if live is None:
             s = await ws.empty_stage(0o644, os.getuid(), os.getgid())
         else:  # its mode, owner and xattrs carry over
-            base = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=ws.root_fd)
+            base = beneath.open_beneath(ws.root_fd, path, os.O_RDONLY | os.O_NOFOLLOW)
             s = await ws.new_stage(base, truncate=True)
         s.expected = live
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import subprocess
 import tempfile
 from typing import Any
 
 import trio
 
+from . import rights
+from .objects import open_regular
 from .workspace import _LIMIT, Commit, RwfsError, Workspace, conflict_error
 
 VERBS = ("keep-actual", "take-intended", "resolved")
@@ -37,16 +38,14 @@ def live_bytes(ws: Workspace, path: str) -> bytes:
     """A regular file's bytes as they are now; empty for anything else. Opened without
     blocking: a FIFO (in a snapshot's tree/, say) must not hold a worker thread until a
     writer comes, and a device node is never read."""
-    how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
     try:
-        if not stat.S_ISREG(os.stat(path, dir_fd=ws.root_fd, follow_symlinks=False).st_mode):
-            return b""
-        fd = os.open(os.fsencode(path), how, dir_fd=ws.root_fd)
+        fd, st = open_regular(ws.root_fd, path)  # (beneath the root, never a FIFO's)
     except OSError:
         return b""
+    if fd < 0:
+        return b""
     try:
-        st = os.fstat(fd)
-        return os.pread(fd, st.st_size, 0) if stat.S_ISREG(st.st_mode) else b""
+        return os.pread(fd, st.st_size, 0)
     finally:
         os.close(fd)
 
@@ -120,9 +119,10 @@ async def resolve(ws: Workspace, cid: int, verb: str, who: dict[str, Any]) -> No
             "yourself if you want that, then write 'resolved'; nothing was done.",
             path=where,
         )
+    path = os.fsencode(info["path"])
+    rights.require(ws.root_fd, {path: False}, who)  # settling it is the file's writers'
     if verb == "take-intended":
         await _take_intended(ws, info)
-    path = os.fsencode(info["path"])
     # The file's bytes now are the ones the journal accepts for it (the other version's,
     # the intended ones, or a merge made by hand).
     now = (await trio.to_thread.run_sync(ws.live_digest, path, limiter=_LIMIT))[0]

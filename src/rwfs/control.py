@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import chunks, conflicts, gates, gc, handoff, parsers, scratch
+from . import beneath, chunks, conflicts, gates, gc, handoff, parsers, scratch
 from .batches import modes_at
 from .history import History, Version
 from .objects import open_regular
@@ -282,7 +282,7 @@ class Control:
         if path == b".rw":
             return None
         try:
-            mode = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False).st_mode
+            mode = beneath.stat(self.ws.root_fd, path).st_mode
         except OSError:
             if not self.virtual(path):
                 return None
@@ -586,6 +586,16 @@ class Control:
         await self.ws.sync()
 
     async def _write_policy(self, data: bytes, who: dict[str, Any]) -> None:
+        owner = os.fstat(self.ws.root_fd).st_uid
+        if who.get("uid") not in (0, owner):
+            raise RwfsError(
+                errno.EACCES,
+                "policy_violation",
+                "permission",
+                f"The policy was not changed: only the workspace's owner (uid {owner}) or root "
+                "may change it.",
+                path=".rw/policy.toml",
+            )
         try:
             policy = Policy.parse(data.decode("utf-8"))
         except (UnicodeDecodeError, PolicyError) as exc:
@@ -614,7 +624,7 @@ def object_stat(ws: Workspace, digest: str) -> tuple[int, int]:
 def live_stat(ws: Workspace, path: bytes) -> tuple[int, int]:
     """(size, mtime in ns) of a file of the tree as ``conflicts.live_bytes`` reads it:
     anything but a regular file reads as empty."""
-    st = os.stat(path, dir_fd=ws.root_fd, follow_symlinks=False)
+    st = beneath.stat(ws.root_fd, path)
     return (st.st_size if stat.S_ISREG(st.st_mode) else 0), st.st_mtime_ns
 
 
@@ -671,6 +681,7 @@ class BatchViews:
         def plain(run: Callable[[Any], Awaitable[None]], verb: str) -> Verb:
             async def verb_fn(args: list[str], who: dict[str, Any]) -> None:
                 no_args(args, verb, where)
+                b.may_steer(b.all[name], who)
                 await run(b.all[name])
 
             return verb_fn
@@ -903,9 +914,7 @@ class TreeView:
         ws, h = self.c.ws, self.c.history
         out: dict[bytes, str | None] = {}
         try:
-            fd = os.open(
-                self.prefix or b".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=ws.root_fd
-            )
+            fd = beneath.opendir(ws.root_fd, self.prefix)
         except OSError:
             fd = -1
         if fd >= 0:

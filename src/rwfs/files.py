@@ -840,13 +840,26 @@ class Files:
         held = [self.inodes.by_path.get(p) for p in (src, dst)]
         if any(i is not None and i.pending is not None and i.pending.held for i in held):
             return True
-        if self.batches.for_writer(who) is None:
-            return False
         try:
             st = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
         except FileNotFoundError:
             return False
+        if stat.S_ISDIR(st.st_mode):
+            # A batch's changes below it are held by their paths, which a commit resolves:
+            # they would stay at the old ones (and a symlink put there would take them).
+            return self._held_below(src)
+        if self.batches.for_writer(who) is None:
+            return False
         return stat.S_ISREG(st.st_mode) and self.journaled(src, st)
+
+    def _held_below(self, d: bytes) -> bool:
+        """Whether an open batch holds a draft, a deletion or a new file below ``d``."""
+        top = d + b"/"
+        return any(
+            p.startswith(top)
+            for paths in (self.hidden, self.virtual, *(b.held for b in self.batches.all.values()))
+            for p in paths
+        )
 
     async def rename_virtual(self, src: bytes, dst: bytes, flags: int, who: dict[str, Any]) -> None:
         """Rename of a file an open batch created: within the batch, the draft now stands

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from . import kernelflags, notice, parsers
+from . import beneath, kernelflags, notice, parsers
 from .batches import Batches
 from .control import CDir, CFile, Control
 from .files import Files
@@ -35,6 +35,7 @@ from .workspace import (
     Stage,
     Workspace,
     borrowed,
+    escaped,
     fsdecode,
     journal_unavailable,
     rel,
@@ -69,12 +70,13 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
                 if quiet:
                     return None
                 raise
-            except RwfsError as exc:
-                self.control.fail(exc)
+            except (RwfsError, beneath.Escape) as exc:
+                err = escaped(exc) if isinstance(exc, beneath.Escape) else exc
+                self.control.fail(err)
                 if quiet:
                     return None
-                await self._tell_writer(exc.envelope)
-                raise pyfuse3.FUSEError(exc.errno) from None
+                await self._tell_writer(err.envelope)
+                raise pyfuse3.FUSEError(err.errno) from None
             except OSError as exc:
                 if quiet:
                     return None
@@ -386,7 +388,8 @@ class Operations(pyfuse3.Operations):
             a.st_mode = stat.S_IFDIR | 0o755
             a.st_nlink = 2
         else:
-            a.st_mode = stat.S_IFREG | (0o644 if node.write else 0o444)
+            # A verb file is every user's: each verb checks its caller's rights (rights.py).
+            a.st_mode = stat.S_IFREG | (0o666 if node.verbs else 0o644 if node.write else 0o444)
             a.st_nlink = 1
             a.st_size = size
             a.st_blocks = (size + 511) // 512

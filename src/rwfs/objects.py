@@ -19,6 +19,8 @@ import stat
 import threading
 from typing import Any
 
+from . import beneath
+
 EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
 _CHUNK = 1 << 20
 
@@ -53,8 +55,14 @@ def open_regular(dir_fd: int, path: bytes | str) -> tuple[int, os.stat_result]:
     succeed). FileNotFoundError when absent.
 
     The type is read by ``lstat`` first; the open is nonblocking and does not follow a
-    symlink, and ``fstat`` checks the type again, for a file swapped in between."""
-    path = os.fsencode(path) or b"."
+    symlink, and ``fstat`` checks the type again, for a file swapped in between. A path of
+    several components is resolved beneath ``dir_fd`` (``beneath.parent``): ``Escape`` if a
+    directory on it is a symlink."""
+    path = os.fsencode(path)
+    if b"/" in path:
+        with beneath.parent(dir_fd, path) as (d, name):
+            return open_regular(d, name)
+    path = path or b"."
     st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     if not stat.S_ISREG(st.st_mode):
         return -1, st

@@ -21,6 +21,7 @@ from typing import Any
 
 import lmdb
 
+from . import beneath
 from .batches import Batches, is_explicit
 from .batches import recover as recover_batches
 from .intents import IntentLog
@@ -297,7 +298,7 @@ def _apply(ws: Workspace, txn: Txn, rec: dict[str, Any]) -> None:
 
 def _exists(ws: Workspace, path: str) -> bool:
     try:
-        os.stat(os.fsencode(path) or b".", dir_fd=ws.root_fd, follow_symlinks=False)
+        beneath.stat(ws.root_fd, os.fsencode(path))
         return True
     except FileNotFoundError:
         return False
@@ -401,7 +402,8 @@ def _settle(ws: Workspace, receipt: dict[str, Any], chain: Chain = ({}, 0)) -> s
         # short: the file holds neither digest, and the synced stage holds what the
         # writer was told it wrote. Its old bytes were kept before the copy began.
         c.info["kept"] = ws.objects.exists(receipt["expected"])
-        ws._write_in_place(c, st)
+        with beneath.parent(ws.root_fd, c.path) as (d, name):
+            ws._write_in_place(c, st, d, name)
         syncfs(ws.root_fd)
         result = "performed"
     elif live == receipt["expected"] and not special:

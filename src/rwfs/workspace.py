@@ -26,7 +26,7 @@ from typing import Any
 
 import trio
 
-from . import faults, gates, parsers
+from . import beneath, faults, gates, parsers
 from .intents import IntentLog
 from .objects import (
     EMPTY_DIGEST,
@@ -470,9 +470,13 @@ class Workspace:
     def live_digest(self, path: bytes) -> tuple[str | None, os.stat_result | None]:
         """(digest, stat) of the live file at ``path``; (None, None) when absent, and
         (None, stat) for anything but a regular file, which is not opened
-        (``objects.open_regular``)."""
+        (``objects.open_regular``). ``beneath.Escape`` if a directory on the path is a
+        symlink."""
+        return self._live_at(self.root_fd, rel(path))
+
+    def _live_at(self, dir_fd: int, name: bytes) -> tuple[str | None, os.stat_result | None]:
         try:
-            fd, st = open_regular(self.root_fd, rel(path))
+            fd, st = open_regular(dir_fd, name)
         except FileNotFoundError:
             return None, None
         if fd < 0:
@@ -488,10 +492,14 @@ class Workspace:
         for a hard-linked file whose other names go on changing it in place, a copy made
         in a worker thread. Returns the incoming name."""
         if st.st_nlink == 1:
-            return self.objects.adopt(self.root_fd, path)
-        return await trio.to_thread.run_sync(
-            self.objects.adopt_copy, self.root_fd, rel(path), limiter=_LIMIT
-        )
+            with beneath.parent(self.root_fd, path) as (d, name):
+                return self.objects.adopt(d, name)
+
+        def copy() -> bytes:
+            with beneath.parent(self.root_fd, path) as (d, name):
+                return self.objects.adopt_copy(d, name)
+
+        return await trio.to_thread.run_sync(copy, limiter=_LIMIT)
 
     # ---- stages ----
 
@@ -534,14 +542,16 @@ class Workspace:
     # without a journal it scans past every inode freed in the last minutes (it avoids
     # reusing them), so a tree of new files freeing one inode each slowed every create.
 
-    def _spare_link(self, path: bytes, st: os.stat_result) -> bytes | None:
-        """Before the rename over ``path``: keep its empty inode (not kept as an object, no
+    def _spare_link(self, dir_fd: int, path: bytes, st: os.stat_result) -> bytes | None:
+        """Before the rename over ``path`` (in ``dir_fd``): keep its empty inode (not kept as an object, no
         other name) as a spare, under a name of its own in staging (committer thread)."""
         if st.st_nlink != 1 or len(self._spares) >= SPARES_MAX:
             return None
         name = unique_id().encode()
         try:
-            os.link(rel(path), name, src_dir_fd=self.root_fd, dst_dir_fd=self.staging_fd)
+            os.link(
+                path, name, src_dir_fd=dir_fd, dst_dir_fd=self.staging_fd, follow_symlinks=False
+            )
         except OSError:
             return None
         return name
@@ -1470,85 +1480,19 @@ class Workspace:
 
     def _replace(self, c: Commit) -> None:
         """Step 7 of SPEC §3.2 for one commit: check the live file, keep it, rename the stage
-        (or, for a batch's deletion, unlink the file)."""
+        (or, for a batch's deletion, unlink the file). The file's directory is opened once,
+        beneath the root (``beneath``): every step acts on that directory, so a directory
+        on the path swapped for a symlink meanwhile is never followed."""
         try:
-            live, st = self.live_digest(c.path)
-            if st is not None and not stat.S_ISREG(st.st_mode):
-                c.outcome, c.error = "error", _type_swap(c.path)
-                self._keep_intended(c)
-                return
-            if live == c.intended:
-                c.outcome = "landed"
-                self._keep_intended(c)  # nothing to keep: it is in the tree
-                self.landed_links(c, st)
-                return
-            if live != c.stage.expected:
-                c.outcome = "conflict"
-                c.info["actual"] = live
-                self._keep_intended(c)
-                return
-            # A hard-linked file is written in place, unless the commit stands for a rename
-            # onto the name (a batch's), which replaces the name as rename(2) would.
-            linked = st is not None and not c.info.get("replace") and self.hard_linked(st, live)
-            if live is not None:
-                assert st is not None
-                if live == EMPTY_DIGEST and c.owner is not None and self.objects.exists(live):
-                    c.spare = self._spare_link(c.path, st)
-                elif linked:
-                    # Another name shares the inode and changes it in place: linked, the
-                    # object would change with it. A copy is kept; if the bytes moved since
-                    # the check, the commit is a conflict like any other.
-                    kept = self._keep_copy(c.path)
-                    if kept != live:
-                        c.outcome = "conflict"
-                        c.info["actual"] = kept
-                        self._keep_intended(c)
-                        return
-                else:
-                    self.objects.keep_link(self.root_fd, rel(c.path), live)
-                c.info["kept"] = True
-            faults.point("after_preimage")
-            if c.intended is None:
-                if st is not None:  # the mode of the file removed: undo, restore use it
-                    c.info["mode"] = stat.S_IMODE(st.st_mode)
-                os.unlink(rel(c.path), dir_fd=self.root_fd)
-                c.outcome = "committed"
-                return
-            if linked:
-                assert st is not None
-                self._write_in_place(c, st)
-                return
-            # A plain filesystem leaves a directory's times alone when a file in it is
-            # rewritten (and tar and cp -a set them after writing the files): the rename
-            # moves them, so they are put back.
-            parent = rel(c.path.rpartition(b"/")[0])
-            kw: dict[str, Any] = {"dir_fd": self.root_fd, "follow_symlinks": False}
-            dir_st = os.stat(parent, **kw) if live is not None else None
-            if live is None:  # a file restored where a whole directory was removed
-                self._make_parents(c.path)
-            os.rename(
-                c.stage.name, rel(c.path), src_dir_fd=self.staging_fd, dst_dir_fd=self.root_fd
-            )
-            if dir_st is not None:
-                os.utime(parent, ns=(dir_st.st_atime_ns, dir_st.st_mtime_ns), **kw)
-            faults.point("after_rename")
-            got = os.stat(rel(c.path), dir_fd=self.root_fd, follow_symlinks=False)
-            mine = os.fstat(c.stage.fd)
-            if (got.st_dev, got.st_ino) != (mine.st_dev, mine.st_ino):
-                c.outcome = "error"
-                c.error = RwfsError(
-                    errno.EIO,
-                    "write_corruption",
-                    "verify",
-                    "The file did not hold the committed bytes after the rename; "
-                    "read it again before editing.",
-                    path=fsdecode(c.path),
-                )
-                return
-            self._remember(mine, c.intended)
-            c.info["mode"] = stat.S_IMODE(mine.st_mode)  # journaled: undo, restore use it
-            c.new_ino = mine.st_ino
-            c.outcome = "committed"
+            with contextlib.ExitStack() as held:
+                try:
+                    d, name = held.enter_context(beneath.parent(self.root_fd, c.path))
+                except FileNotFoundError:  # its directory is gone: the file is absent
+                    d, name = -1, b""
+                self._replace_at(c, held, d, name)
+        except beneath.Escape:
+            c.outcome, c.error = "error", _type_swap(c.path)
+            self._keep_intended(c)
         except OSError as exc:
             c.outcome = "error"
             c.error = RwfsError(
@@ -1559,6 +1503,85 @@ class Workspace:
                 "and the receipt stays pending until the next mount retries it.",
                 path=fsdecode(c.path),
             )
+
+    def _replace_at(self, c: Commit, held: contextlib.ExitStack, d: int, name: bytes) -> None:
+        """``_replace`` on ``name`` in directory ``d`` (-1: the directory is missing)."""
+        live, st = self._live_at(d, name) if d >= 0 else (None, None)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            c.outcome, c.error = "error", _type_swap(c.path)
+            self._keep_intended(c)
+            return
+        if live == c.intended:
+            c.outcome = "landed"
+            self._keep_intended(c)  # nothing to keep: it is in the tree
+            self.landed_links(c, st)
+            return
+        if live != c.stage.expected:
+            c.outcome = "conflict"
+            c.info["actual"] = live
+            self._keep_intended(c)
+            return
+        # A hard-linked file is written in place, unless the commit stands for a rename
+        # onto the name (a batch's), which replaces the name as rename(2) would.
+        linked = st is not None and not c.info.get("replace") and self.hard_linked(st, live)
+        if live is not None:
+            assert st is not None
+            if live == EMPTY_DIGEST and c.owner is not None and self.objects.exists(live):
+                c.spare = self._spare_link(d, name, st)
+            elif linked:
+                # Another name shares the inode and changes it in place: linked, the
+                # object would change with it. A copy is kept; if the bytes moved since
+                # the check, the commit is a conflict like any other.
+                kept = self._keep_copy(d, name)
+                if kept != live:
+                    c.outcome = "conflict"
+                    c.info["actual"] = kept
+                    self._keep_intended(c)
+                    return
+            else:
+                self.objects.keep_link(d, name, live)
+            c.info["kept"] = True
+        faults.point("after_preimage")
+        if c.intended is None:
+            if st is not None:  # the mode of the file removed: undo, restore use it
+                c.info["mode"] = stat.S_IMODE(st.st_mode)
+                os.unlink(name, dir_fd=d)
+            c.outcome = "committed"
+            return
+        if linked:
+            assert st is not None
+            self._write_in_place(c, st, d, name)
+            return
+        if d < 0:  # a file restored where a whole directory was removed
+            head = c.path.rpartition(b"/")[0]
+            beneath.makedirs(self.root_fd, head)
+            d, name = held.enter_context(beneath.parent(self.root_fd, c.path))
+        # A plain filesystem leaves a directory's times alone when a file in it is
+        # rewritten (and tar and cp -a set them after writing the files): the rename
+        # moves them, so they are put back.
+        kw: dict[str, Any] = {"dir_fd": d, "follow_symlinks": False}
+        dir_st = os.stat(b".", **kw) if live is not None else None
+        os.rename(c.stage.name, name, src_dir_fd=self.staging_fd, dst_dir_fd=d)
+        if dir_st is not None:
+            os.utime(b".", ns=(dir_st.st_atime_ns, dir_st.st_mtime_ns), **kw)
+        faults.point("after_rename")
+        got = os.stat(name, **kw)
+        mine = os.fstat(c.stage.fd)
+        if (got.st_dev, got.st_ino) != (mine.st_dev, mine.st_ino):
+            c.outcome = "error"
+            c.error = RwfsError(
+                errno.EIO,
+                "write_corruption",
+                "verify",
+                "The file did not hold the committed bytes after the rename; "
+                "read it again before editing.",
+                path=fsdecode(c.path),
+            )
+            return
+        self._remember(mine, c.intended)
+        c.info["mode"] = stat.S_IMODE(mine.st_mode)  # journaled: undo, restore use it
+        c.new_ino = mine.st_ino
+        c.outcome = "committed"
 
     def landed_links(self, c: Commit, st: os.stat_result | None) -> None:
         """A commit whose bytes a hard-linked file already holds (a copy into it that a
@@ -1572,7 +1595,7 @@ class Workspace:
         out = set()
         for c in commits:
             try:
-                st = os.stat(rel(c.path), dir_fd=self.root_fd, follow_symlinks=False)
+                st = beneath.stat(self.root_fd, c.path)
             except OSError:
                 continue
             if (
@@ -1601,7 +1624,7 @@ class Workspace:
             return (obj.st_dev, obj.st_ino) != (st.st_dev, st.st_ino)
         return True
 
-    def _write_in_place(self, c: Commit, st: os.stat_result) -> None:
+    def _write_in_place(self, c: Commit, st: os.stat_result, dir_fd: int, name: bytes) -> None:
         """Commit a hard-linked file: its other names must go on naming it, which a rename
         of the stage over one name would undo, so the stage's bytes are copied into the
         live inode. Not atomic, unlike a rename: the receipt says ``in_place`` and the
@@ -1609,7 +1632,7 @@ class Workspace:
         short (recovery.py). The names it changes besides ``c.path`` are journaled with
         the write (``links``)."""
         how = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open(rel(c.path), how, dir_fd=self.root_fd)
+        fd = os.open(name, how, dir_fd=dir_fd)
         try:
             got = os.fstat(fd)
             if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):
@@ -1652,7 +1675,7 @@ class Workspace:
 
     def _same(self, path: bytes, st: os.stat_result) -> bool:
         try:
-            got = os.stat(rel(path), dir_fd=self.root_fd, follow_symlinks=False)
+            got = beneath.stat(self.root_fd, path)
         except OSError:
             return False
         return (got.st_dev, got.st_ino) == (st.st_dev, st.st_ino)
@@ -1661,7 +1684,7 @@ class Workspace:
         """The entries of directory ``d`` of the tree, with their paths (none if it is
         gone or not a directory)."""
         try:
-            dfd = os.open(rel(d), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.root_fd)
+            dfd = beneath.opendir(self.root_fd, d)
         except OSError:
             return []
         try:
@@ -1690,22 +1713,14 @@ class Workspace:
                     found.add(p)
         return found
 
-    def _keep_copy(self, path: bytes) -> str:
-        fd, _ = open_regular(self.root_fd, rel(path))
+    def _keep_copy(self, dir_fd: int, path: bytes) -> str:
+        fd, _ = open_regular(dir_fd, path)
         if fd < 0:
             raise OSError(errno.EPERM, "not a regular file", os.fsdecode(path))
         try:
             return self.objects.keep_fd_copy(fd)
         finally:
             os.close(fd)
-
-    def _make_parents(self, path: bytes) -> None:
-        parts = path.split(b"/")[:-1]
-        for i in range(1, len(parts) + 1):
-            try:
-                os.mkdir(b"/".join(parts[:i]), 0o755, dir_fd=self.root_fd)
-            except FileExistsError:
-                pass
 
     def _keep_intended(self, c: Commit) -> None:
         """Keep the bytes of a commit that did not replace its file; its stage is to go."""
@@ -1797,13 +1812,27 @@ def conflict_error(c: Commit) -> RwfsError:
     )
 
 
+def escaped(exc: beneath.Escape) -> RwfsError:
+    """The envelope of a path that meets a symlink or leaves the workspace (a verb's)."""
+    return RwfsError(
+        errno.EPERM,
+        "policy_violation",
+        "symlink",
+        f"A directory on the path {exc.filename} is a symlink (or the path leaves the "
+        "workspace), and rwfs follows no symlink in a path it resolves itself; nothing was "
+        "changed. Name the file by the path of its real directory, or move the symlink away.",
+        path=str(exc.filename or ""),
+    )
+
+
 def _type_swap(path: bytes) -> RwfsError:
     return RwfsError(
         errno.EPERM,
         "policy_violation",
         "symlink",
-        "The path became a symlink or another kind of file before the commit, so rwfs did "
-        "not write through it; the path is unchanged and your bytes are kept as an object.",
+        "The path, or a directory on it, became a symlink or another kind of file before the "
+        "commit, so rwfs did not write through it; the path is unchanged and your bytes are "
+        "kept as an object.",
         path=fsdecode(path),
     )
 
