@@ -16,20 +16,17 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
-
-import pyfuse3
-import trio
+from typing import TYPE_CHECKING, Any
 
 from . import faults, kernelflags
-from .batches import Batches
-from .control import write_state_file
-from .fs import Operations
-from .intents import IntentLog
-from .policy import DEFAULT_TEXT, Policy, PolicyError
-from .recovery import recover
-from .store import JournalUnavailable, Store
-from .workspace import Workspace
+
+# The daemon's modules (pyfuse3, trio, the core) are imported where the daemon starts
+# (``serve``): every other verb of the command line needs none of them, and they take
+# most of its start-up time.
+if TYPE_CHECKING:
+    from .fs import Operations
+    from .policy import Policy
+    from .workspace import Workspace
 
 log = logging.getLogger("rwfs")
 
@@ -97,6 +94,9 @@ def refuse_nesting(workspace: str, mountpoint: str) -> None:
 
 def open_state(workspace_fd: int, create: bool) -> int:
     """Open (or make) WORKSPACE/.rw, refusing a ``.rw`` that is not rwfs state."""
+    from .control import write_state_file
+    from .policy import DEFAULT_TEXT
+
     try:
         fd = os.open(b".rw", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=workspace_fd)
     except FileNotFoundError:
@@ -141,6 +141,8 @@ def _leave(mountpoint: str) -> None:
 
 
 def load_policy(state_fd: int) -> Policy:
+    from .policy import Policy, PolicyError
+
     try:
         fd = os.open(b"policy.toml", os.O_RDONLY, dir_fd=state_fd)
     except FileNotFoundError:
@@ -161,6 +163,15 @@ def serve(
     as_json: bool = False,
 ) -> None:
     """Run the daemon in the foreground until the mount goes away."""
+    import pyfuse3
+    import trio
+
+    from .batches import Batches
+    from .fs import Operations
+    from .recovery import recover
+    from .store import JournalUnavailable, Store
+    from .workspace import Workspace
+
     try:
         faults.arm()
     except ValueError as exc:
@@ -290,6 +301,9 @@ def _set_nice(value: int) -> int:
 
 
 async def _main(ws: Workspace, ops: Operations) -> None:
+    import pyfuse3
+    import trio
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ws.run_committer)
         nursery.start_soon(ops.run_primer)
@@ -302,6 +316,9 @@ async def _main(ws: Workspace, ops: Operations) -> None:
 
 
 async def _on_signals() -> None:
+    import pyfuse3
+    import trio
+
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for _ in signals:
             pyfuse3.terminate()
@@ -486,6 +503,9 @@ def owed_commits(workspace: str, applied: int | None = None) -> int:
     unmounted workspace: the next mount finishes them). ``applied``: the journal's
     ``applied_gen``, from a caller that has the store open (LMDB must not be opened twice
     in one process)."""
+    from .intents import IntentLog
+    from .store import Store
+
     root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
     try:
         state_fd = open_state(root_fd, create=False)
