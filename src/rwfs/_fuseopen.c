@@ -23,7 +23,9 @@
  *   registers the handle (fast_write); the handle's next writes go straight from the
  *   request (spliced from /dev/fuse where libfuse can) into the stage file, with no Python
  *   request task and no copy into a bytes object, as long as that stage is still the
- *   inode's and not sealed. The stage's wrote() is still called for each. The kernel
+ *   inode's and not sealed, and the write ends within the limit given (a file growing
+ *   past max_journaled_bytes leaves journaling in Python). The stage's wrote() is still
+ *   called for each. The kernel
  *   asks for security.capability before each write: for such an inode it is read from
  *   the stage here too (as Operations.getxattr would), in wrapped getxattr.
  *   And it adds fallocate and lseek (SEEK_DATA, SEEK_HOLE), which pyfuse3 does not offer:
@@ -130,6 +132,7 @@ static int (*lf_reply_lseek)(fuse_req_t, off_t);
 struct fast {
     uint64_t fh; /* 0: a free slot */
     uint64_t ino;
+    unsigned long long limit; /* writes ending past this go to Python */
     PyObject *inode, *stage, *wrote;
 };
 static struct fast fast[FAST_SLOTS];
@@ -187,6 +190,11 @@ static void write_buf_w(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv
     if (fd < 0) {
         if (f != NULL)
             fast_clear(f);
+        PyGILState_Release(gil);
+        inner.write_buf(req, ino, bufv, off, fi);
+        return;
+    }
+    if ((unsigned long long)off + lf_buf_size(bufv) > f->limit) {
         PyGILState_Release(gil);
         inner.write_buf(req, ino, bufv, off, fi);
         return;
@@ -350,9 +358,9 @@ static PyObject *are_pages_kept(PyObject *self, PyObject *unused)
 
 static PyObject *fast_write(PyObject *self, PyObject *args)
 {
-    unsigned long long fh, ino;
+    unsigned long long fh, ino, limit;
     PyObject *inode, *stage;
-    if (!PyArg_ParseTuple(args, "KOO", &fh, &inode, &stage))
+    if (!PyArg_ParseTuple(args, "KOOK", &fh, &inode, &stage, &limit))
         return NULL;
     PyObject *num = PyObject_GetAttrString(inode, "ino");
     if (num == NULL)
@@ -376,6 +384,7 @@ static PyObject *fast_write(PyObject *self, PyObject *args)
     Py_INCREF(stage);
     f->fh = fh;
     f->ino = ino;
+    f->limit = limit;
     f->inode = inode;
     f->stage = stage;
     f->wrote = wrote;
@@ -451,7 +460,8 @@ static PyMethodDef methods[] = {
     {"reply_offset", reply_offset, METH_VARARGS, "reply_offset(token, off): answer an lseek."},
     {"fallocate", do_fallocate, METH_VARARGS, "fallocate(fd, mode, offset, length)."},
     {"fast_write", fast_write, METH_VARARGS,
-     "fast_write(fh, inode, stage): this handle's writes go straight to the stage."},
+     "fast_write(fh, inode, stage, limit): this handle's writes ending within limit go "
+     "straight to the stage."},
     {"fast_write_end", fast_write_end, METH_O, "The handle is released."},
     {"fast_writes", fast_count, METH_NOARGS, "How many writes went straight to a stage."},
     {"keep_pages", set_keep_pages, METH_O, "Ask the kernel not to drop pages at a new mtime."},

@@ -115,7 +115,17 @@ from . import faults
 from .batches import Batches
 from .inodes import Inode, InodeTable
 from .objects import EMPTY_DIGEST, open_regular
-from .workspace import _LIMIT, Commit, Stage, Workspace, borrowed, fsdecode, rel, renameat2
+from .workspace import (
+    _LIMIT,
+    Commit,
+    RwfsError,
+    Stage,
+    Workspace,
+    borrowed,
+    fsdecode,
+    rel,
+    renameat2,
+)
 
 # Stale writes: the (process, file) pairs remembered before all are forgotten, and the
 # replaced files whose bytes are held open, so that a process that read one can be told
@@ -139,6 +149,21 @@ def _exists(root_fd: int, path: bytes) -> bool:
 def _refused(code: int) -> OSError:
     # The FUSE layer answers an OSError with its errno (fs._guard).
     return OSError(code, os.strerror(code))
+
+
+def _too_large(path: bytes, size: int, limit: int) -> RwfsError:
+    return RwfsError(
+        errno.EFBIG,
+        "quota_exceeded",
+        "max_journaled_bytes",
+        f"This change would make the file {size} bytes, past max_journaled_bytes ({limit}), "
+        "and a file an open batch holds cannot leave journaling, so rwfs refused it: the "
+        "file is unchanged; commit or abort the batch first, or raise max_journaled_bytes "
+        "in .rw/policy.toml.",
+        path=fsdecode(path),
+        suggested_action="commit or abort the batch, then make the change again",
+        details={"size": size, "max_journaled_bytes": limit},
+    )
 
 
 # rename(2) flags (linux/fs.h), as the kernel passes them to FUSE.
@@ -481,6 +506,52 @@ class Files:
             return st.st_size <= self.ws.policy.max_journaled_bytes
         return True
 
+    async def leave_journal(self, inode: Inode, who: dict[str, Any], size: int) -> None:
+        """A change (a write, a truncation, a fallocate) would take the journaled file to
+        ``size`` bytes, past ``max_journaled_bytes``: the file leaves journaling now and is
+        written in place from then on (docs/policy.md), so that no stage, digest or kept
+        object ever costs more than the limit. What the file holds until this change is
+        committed first (a commit point: the gates judge it, and a refusal fails the
+        change), kept as an object, and an ``unjournaled`` event says so. A file an open
+        batch holds or takes cannot leave it: EFBIG, and nothing changes."""
+        limit = self.ws.policy.max_journaled_bytes
+        while True:
+            if not inode.paths:
+                return  # removed meanwhile: its stage (if any) is the caller's to write
+            if inode.virtual or self.held(inode) is not None or self.batches.for_writer(who):
+                raise _too_large(inode.path, size, limit)
+            if inode.stage is not None or inode.pending is not None:
+                await self.commit(inode, who, wait=True)
+                await self.settle(inode)
+                continue
+            path = inode.path
+            kept = await trio.to_thread.run_sync(self._keep_last, path, limiter=_LIMIT)
+            # (A writer may have made a stage meanwhile: committed in turn, then again.)
+            if inode.stage is None and inode.pending is None and inode.paths:
+                break
+        # atomic: from the record to the caller's change in place, no stage can begin.
+        for p in sorted(inode.paths):
+            self.ws.record(
+                {
+                    "op": "unjournaled",
+                    "path": fsdecode(p),
+                    "batch": None,
+                    "expected": kept,
+                    "size": size,
+                    "limit": limit,
+                    **who,
+                }
+            )
+        self.ws.stats.count("unjournaled")
+
+    def _keep_last(self, path: bytes) -> str | None:
+        """In a worker thread: keep the file's bytes at ``path`` (at most
+        ``max_journaled_bytes``, holes not copied) as an object; returns their digest."""
+        digest, _ = self.ws.live_digest(path)
+        if digest is not None:
+            self.ws.keep_live_copy(path, digest)
+        return digest
+
     async def hide(self, path: bytes, inode: Inode | None, who: dict[str, Any]) -> bool:
         """Unlink by a writer an open batch takes (or of a file it holds): the deletion
         waits for the batch's commit, the file is gone from the view now. False if the
@@ -644,11 +715,19 @@ class Files:
                 self.path_leaves(dst, who["pid"], moved)
         # (No await from here to the syscall: the commits carried stay queued.)
         incoming = None
-        if journaled and not exchange and dst_st is not None and stat.S_ISREG(dst_st.st_mode):
+        # A file past max_journaled_bytes is neither kept nor hashed, on either side:
+        # its cost would be its size (docs/policy.md).
+        if (
+            journaled
+            and not exchange
+            and dst_st is not None
+            and stat.S_ISREG(dst_st.st_mode)
+            and self.journaled(dst, dst_st)
+        ):
             incoming = await self.ws.keep_removed(dst, dst_st)  # keep the replaced bytes
         how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         moved_fd = None
-        if journaled and stat.S_ISREG(sst.st_mode) and not carry:
+        if journaled and stat.S_ISREG(sst.st_mode) and not carry and self.journaled(dst, sst):
             moved_fd = os.open(src, how, dir_fd=self.ws.root_fd)
         # A file renamed away may be made again at its name (vim's default save).
         removed = None
@@ -785,7 +864,10 @@ class Files:
                 raise _refused(errno.EXDEV)
             digest = None  # the new name's bytes, for its history and the path index
             with contextlib.suppress(OSError):
-                fd = open_regular(self.ws.root_fd, rel(src.path))[0] if journaled else -1
+                fd, st = open_regular(self.ws.root_fd, rel(src.path)) if journaled else (-1, None)
+                if fd >= 0 and not self.journaled(path, st):  # too large to hash
+                    os.close(fd)
+                    fd = -1
                 if fd >= 0:
                     try:
                         digest = await self.ws.digest(fd)

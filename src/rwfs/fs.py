@@ -541,6 +541,16 @@ class Operations(pyfuse3.Operations):
         path = i.path if i.paths else None  # None: removed, still open (or just removed)
         st = self._stat(i)
         journaled = path is not None and self.files.journaled(path, st, i.is_dir)
+        if (
+            fields.update_size
+            and journaled
+            and not i.unlinked
+            and stat.S_ISREG(st.st_mode)
+            and attr.st_size > self.ws.policy.max_journaled_bytes
+        ):
+            assert path is not None
+            await self.files.leave_journal(i, self._who(ctx), attr.st_size)
+            journaled = False  # cut in place, below
         if fields.update_size:
             # An unlinked file's inode may be linked as a kept object meanwhile (st_nlink
             # 2 for a moment while the committer moves it): never change it in place.
@@ -877,7 +887,7 @@ class Operations(pyfuse3.Operations):
             return len(buf)
         assert isinstance(h, Handle)
         i = h.inode
-        stage = await self._to_change(i)
+        stage = await self._to_change(i, h.info, off + len(buf))
         if stage is None:
             return os.pwrite(i.fd, buf, off)
         n = os.pwrite(stage.fd, buf, off)
@@ -886,7 +896,7 @@ class Operations(pyfuse3.Operations):
         # Until a commit point seals this stage, its next writes skip this method (they
         # only call stage.wrote): see kernelflags. h.dirty stays set meanwhile: what they
         # write is sealed by the commit that clears it.
-        kernelflags.fast_writes(fh, i, stage)
+        kernelflags.fast_writes(fh, i, stage, self.ws.policy.max_journaled_bytes)
         return n
 
     def _only_reference(self, h: Handle) -> bool:
@@ -918,14 +928,21 @@ class Operations(pyfuse3.Operations):
             return st.st_nlink >= 1  # (a name outside it: the file lives on, unjournaled)
         return not self.files.journaled(i.path, st)
 
-    async def _to_change(self, i: Inode) -> Stage | None:
+    async def _to_change(self, i: Inode, who: dict[str, Any], end: int = 0) -> Stage | None:
         """The open stage a change to the file's bytes goes to; None: the file is changed
-        in place, through its backing descriptor (opened for writing)."""
+        in place, through its backing descriptor (opened for writing). ``end``: the size
+        the change makes the file at least (0: it does not grow it)."""
         # Decided at each change, not at open: a file may have grown past
         # max_journaled_bytes since it was opened.
         if i.stage is None and not i.unlinked and self._in_place(i):
             self.files.open_backing(i, writable=True)
             return None
+        if end > self.ws.policy.max_journaled_bytes and i.paths and not i.unlinked:
+            # Growing past the limit: the file leaves journaling now (Files.leave_journal).
+            await self.files.leave_journal(i, who, end)
+            if i.paths:
+                self.files.open_backing(i, writable=True)
+                return None
         if i.stage is None or i.stage.sealed:
             await self.files.ensure_stage(i)
         assert i.stage is not None
@@ -963,7 +980,8 @@ class Operations(pyfuse3.Operations):
         h = self.handles.get(fh)
         if not isinstance(h, Handle):
             raise pyfuse3.FUSEError(errno.EOPNOTSUPP)  # a control file's text is in memory
-        stage = await self._to_change(h.inode)
+        grows = 0 if mode & FALLOC_FL_KEEP_SIZE else off + length
+        stage = await self._to_change(h.inode, h.info, grows)
         if stage is None:
             kernelflags.fallocate(h.inode.fd, mode, off, length)
             return

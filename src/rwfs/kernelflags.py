@@ -10,8 +10,9 @@
   OPENDIR and RELEASEDIR and keeps every listing; a directory's readdir then carries
   ``DIR_INODE | inode`` as its handle (``dir_inode()``);
 - after ``keep_written_pages()``, the kernel keeps the pages a write cached;
-- after ``fast_writes(fh, inode, stage)``, the handle's writes go straight into the stage
-  while it stays the inode's open stage (no Python request task, no bytes copy);
+- after ``fast_writes(fh, inode, stage, limit)``, the handle's writes that end within
+  ``limit`` go straight into the stage while it stays the inode's open stage (no Python
+  request task, no bytes copy);
 - after ``serve(fn)``, the kernel's fallocate and lseek (SEEK_DATA, SEEK_HOLE) requests,
   which pyfuse3 has no method for, reach ``fn``; each is answered once with ``reply()``.
 
@@ -81,11 +82,12 @@ def flagged() -> int:
     return int(_fuseopen.flagged()) if ACTIVE else 0
 
 
-def fast_writes(fh: int, inode: object, stage: object) -> None:
+def fast_writes(fh: int, inode: object, stage: object, limit: int) -> None:
     """Let the handle's next writes go straight into ``stage`` (the extension checks, at
-    each, that it is still ``inode.stage`` and not sealed, and calls ``stage.wrote``)."""
+    each, that it is still ``inode.stage`` and not sealed, and that the write ends within
+    ``limit`` bytes, and calls ``stage.wrote``)."""
     if ACTIVE:
-        _fuseopen.fast_write(fh, inode, stage)
+        _fuseopen.fast_write(fh, inode, stage, limit)
 
 
 def fast_writes_end(fh: int) -> None:

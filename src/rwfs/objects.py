@@ -17,6 +17,7 @@ import itertools
 import os
 import stat
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from . import beneath
@@ -79,17 +80,52 @@ def open_regular(dir_fd: int, path: bytes | str) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def digest_fd(fd: int) -> tuple[str, int]:
-    """SHA-256 of a file's whole content, read through ``fd``; returns (digest, size)."""
-    h = hashlib.sha256()
+def data_regions(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """The data regions ``(start, end)`` of the first ``size`` bytes of ``fd``, in order
+    (SEEK_DATA/SEEK_HOLE): what lies between them is a hole, which reads as zeros. A
+    filesystem that cannot tell holes yields one region, the whole file."""
     off = 0
-    while True:
-        buf = os.pread(fd, _CHUNK, off)
-        if not buf:
-            break
+    while off < size:
+        try:
+            data = os.lseek(fd, off, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # only a hole remains
+                return
+            yield off, size  # (EINVAL: no SEEK_DATA here)
+            return
+        if data >= size:
+            return
+        try:
+            hole = min(os.lseek(fd, data, os.SEEK_HOLE), size)
+        except OSError:
+            hole = size
+        yield data, hole
+        off = hole
+
+
+def digest_fd(fd: int) -> tuple[str, int]:
+    """SHA-256 of a file's whole content, read through ``fd``; returns (digest, size).
+
+    Holes are hashed as the zeros they read as, without reading them: SHA-256 still runs
+    over every byte (the digest is of the logical bytes), but the disk reads only data."""
+    h = hashlib.sha256()
+    size = os.fstat(fd).st_size
+    off = 0
+    for start, end in data_regions(fd, size):
+        _hash_zeros(h, start - off)
+        off = start
+        while off < end:
+            buf = os.pread(fd, min(_CHUNK, end - off), off)
+            if not buf:  # the file shrank under us
+                return "sha256:" + h.hexdigest(), off
+            h.update(buf)
+            off += len(buf)
+    _hash_zeros(h, size - off)
+    # Bytes written past the size seen at the start (a file that grew meanwhile).
+    while buf := os.pread(fd, _CHUNK, size):
         h.update(buf)
-        off += len(buf)
-    return "sha256:" + h.hexdigest(), off
+        size += len(buf)
+    return "sha256:" + h.hexdigest(), size
 
 
 class TrailingHash:
@@ -182,23 +218,13 @@ def copy_fd(src: int, dst: int) -> tuple[str, int]:
     h = hashlib.sha256()
     size = os.fstat(src).st_size
     off = 0
-    while off < size:
-        try:
-            data = os.lseek(src, off, os.SEEK_DATA)
-        except OSError:  # ENXIO: only a hole remains
-            data = size
-        _hash_zeros(h, data - off)
-        if data >= size:
-            break
-        try:
-            hole = os.lseek(src, data, os.SEEK_HOLE)
-        except OSError:
-            hole = size
-        off = data
-        while off < hole:
-            buf = os.pread(src, min(_CHUNK, hole - off), off)
+    for start, end in data_regions(src, size):
+        _hash_zeros(h, start - off)
+        off = start
+        while off < end:
+            buf = os.pread(src, min(_CHUNK, end - off), off)
             if not buf:  # the file shrank under us
-                hole = size = off
+                size = off
                 break
             h.update(buf)
             view = memoryview(buf)
@@ -206,6 +232,9 @@ def copy_fd(src: int, dst: int) -> tuple[str, int]:
                 n = os.pwrite(dst, view, off)
                 view = view[n:]
                 off += n
+        if size == off:
+            break
+    _hash_zeros(h, size - off)
     os.ftruncate(dst, size)
     return "sha256:" + h.hexdigest(), size
 

@@ -1939,6 +1939,8 @@ def record_event(txn: Any, ev: dict[str, Any]) -> int:
         txn.add_object(ev["replaced"], 0, lsn)
     if op == "refuse":  # the refused draft is kept
         txn.add_object(ev["intended"], 0, lsn)
+    if op == "unjournaled" and ev.get("expected"):  # its last journaled bytes were kept
+        txn.add_object(ev["expected"], 0, lsn)
     if op == "unlink":
         txn.set_path(path, None, lsn)
     elif op == "rename":
