@@ -159,3 +159,37 @@ def test_a_batch_file_cannot_grow_past_the_limit(workspace: Path) -> None:
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_snapshots_kept_in_memory_agree_with_the_journal(workspace: Path) -> None:
+    # The daemon reads the snapshots once and keeps them (each operation then costs the
+    # same however many there are): what it shows must stay what the journal holds.
+    (workspace / "a.txt").write_text("v0\n")
+    m = Mount(workspace).start()
+    top = m.path / ".rw" / "snapshots"
+    try:
+        for k in range(30):
+            (m.path / "a.txt").write_text(f"v{k + 1}\n")
+            os.mkdir(top / f"s{k}")
+        for k in range(0, 30, 3):
+            os.rmdir(top / f"s{k}")
+        with pytest.raises(FileExistsError):
+            os.mkdir(top / "s1")
+        with pytest.raises(FileNotFoundError):
+            os.rmdir(top / "s0")
+        shown = sorted(os.listdir(top))
+        infos = {n: json.loads((top / n / "info").read_text()) for n in shown}
+        assert (top / "s4" / "tree" / "a.txt").read_text() == "v5\n"
+    finally:
+        m.stop()
+    check_clean(m)
+    assert shown == sorted(f"s{k}" for k in range(30) if k % 3)
+    m = Mount(workspace).start()
+    try:
+        assert sorted(os.listdir(top)) == shown
+        assert {n: json.loads((top / n / "info").read_text()) for n in shown} == infos
+        os.mkdir(top / "s0")  # a removed name can be used again
+        assert (top / "s0" / "tree" / "a.txt").read_text() == "v30\n"
+    finally:
+        m.stop()
+    check_clean(m)
