@@ -49,3 +49,48 @@ def test_full_disk_refuses_the_write_and_keeps_the_file(small_fs: Path) -> None:
         m.stop()
     check_clean(m)
     assert (ws / "big.txt").read_bytes() == b"small now\n"
+
+
+def test_deleting_files_on_a_full_disk_frees_space(small_fs: Path) -> None:
+    # Removed journaled files keep their bytes as objects (history, undo), so removing
+    # them frees nothing, until a write finds the disk full: then rwfs gives up those
+    # kept bytes (a gc event with reason disk_full says so) and the write goes through.
+    import json
+    import os
+
+    ws = small_fs / "ws"
+    ws.mkdir()
+    for k in range(8):
+        (ws / f"old{k}.bin").write_bytes(bytes([k]) * (1 << 20))
+    (ws / "keep.txt").write_bytes(b"kept\n")
+    m = Mount(ws, log=small_fs.parent / "daemon.log").start()  # (not on the full disk)
+    try:
+        filler = m.path / "filler.log"  # passthrough: written in place
+        with pytest.raises(OSError) as err:
+            with open(filler, "wb") as f:
+                while True:
+                    f.write(b"\0" * (64 << 10))
+        assert err.value.errno == errno.ENOSPC
+        for k in range(8):
+            (m.path / f"old{k}.bin").unlink()
+        (m.path / ".rw" / "ctl").write_text("sync\n")
+        new = os.urandom(3 << 20)
+        with open(m.path / "new.bin", "wb") as f:
+            for off in range(0, len(new), 1 << 20):
+                f.write(new[off : off + (1 << 20)])
+        assert (m.path / "new.bin").read_bytes() == new
+        (m.path / ".rw" / "ctl").write_text("sync\n")
+        evs = [json.loads(x) for x in (m.path / ".rw" / "journal").read_text().splitlines()]
+        gcs = [e for e in evs if e["op"] == "gc"]
+        assert [e.get("reason") for e in gcs] == ["disk_full"], gcs
+        assert gcs[0]["removed"] == 8 and gcs[0]["freed_bytes"] == 8 << 20
+        assert [e["op"] for e in evs if e.get("path") == "new.bin"][-1] == "write"
+        # The removed files' history is given up; the live file's is untouched.
+        assert (m.path / "keep.txt").read_bytes() == b"kept\n"
+        filler.unlink()
+    finally:
+        m.stop()
+    check_clean(m)
+    assert (ws / "new.bin").read_bytes() == new
+    objects = [os.path.join(d, n) for d, _, ns in os.walk(ws / ".rw" / "objects") for n in ns]
+    assert all(os.path.getsize(p) < (1 << 20) for p in objects), objects

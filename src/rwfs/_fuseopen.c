@@ -216,7 +216,9 @@ static void write_buf_w(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv
         Py_XDECREF(r);
     }
     PyGILState_Release(gil);
-    if (res < 0)
+    if (res == -ENOSPC)
+        inner.write_buf(req, ino, bufv, off, fi); /* rwfs frees what it keeps, then retries */
+    else if (res < 0)
         lf_reply_err(req, (int)-res);
     else
         lf_reply_write(req, (size_t)res);

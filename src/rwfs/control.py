@@ -14,6 +14,7 @@ import calendar
 import errno
 import functools
 import json
+import logging
 import os
 import stat
 import time
@@ -30,11 +31,13 @@ from .history import History, Version
 from .objects import open_regular
 from .policy import Policy, PolicyError
 from .sessions import Sessions
-from .store import now_iso, plain_name
+from .store import JournalUnavailable, now_iso, plain_name
 from .workspace import RwfsError, Workspace
 
 if TYPE_CHECKING:
     from .batches import Batches
+
+log = logging.getLogger("rwfs.control")
 
 
 @dataclass(eq=False)
@@ -570,16 +573,43 @@ class Control:
 
     async def _gc(self, args: list[str], who: dict[str, Any]) -> None:
         no_args(args, "gc", ".rw/ctl")
+        await self._collect(False)
+
+    async def _collect(self, removed_only: bool) -> dict[str, Any]:
         async with self.ws.exclusive():
-            await self.ws.flush_locked()  # every reference to an object is journaled
-            if not self.ws.journal_ok:
-                # Not journaled yet: a queued commit's kept bytes would look unreferenced.
-                raise self.ws.journal_queued(b"")
-            await trio.to_thread.run_sync(
-                gc.collect, self.ws.store, self.ws.objects, self.ws.policy
+            spare: frozenset[str] = frozenset()
+            if removed_only:
+                # The disk is full: the queued commits may need the room this frees to be
+                # journaled, so they are not flushed first; what they name is kept.
+                spare = frozenset(self.ws.unrecorded_digests())
+            else:
+                await self.ws.flush_locked()  # every reference to an object is journaled
+                if not self.ws.journal_ok:
+                    # Not journaled yet: a queued commit's kept bytes would look unreferenced.
+                    raise self.ws.journal_queued(b"")
+            got: dict[str, Any] = await trio.to_thread.run_sync(
+                functools.partial(
+                    gc.collect,
+                    self.ws.store,
+                    self.ws.objects,
+                    self.ws.policy,
+                    removed_only=removed_only,
+                    spare=spare,
+                )
             )
         for name in list(self.history_dir.children):  # listed again from what is left
             self.remove(self.history_dir, name)
+        return got
+
+    async def reclaim(self) -> bool:
+        """The disk is full: give up the kept bytes of removed files (their history; a
+        ``gc`` event with ``reason: disk_full`` says so). True if any went."""
+        try:
+            got = await self._collect(True)
+        except (OSError, JournalUnavailable) as exc:
+            log.warning("no room made on a full disk: %s", exc)
+            return False
+        return bool(got["removed"])
 
     async def _sync(self, args: list[str], who: dict[str, Any]) -> None:
         no_args(args, "sync", ".rw/ctl")

@@ -242,6 +242,8 @@ class Files:
         self.hidden: set[bytes] = set()  # paths an open batch deletes: gone from the view
         # path -> the journaled file a save removed there, for a while (_recreated).
         self.removed: dict[bytes, Removed] = {}
+        # Files removed (their bytes kept as objects) since the disk last filled up.
+        self.removals = 0
 
     async def settle(self, inode: Inode) -> None:
         """Wait until the inode's queued commit is in the tree (a draft an open batch
@@ -651,6 +653,8 @@ class Files:
                 raise
             if removed is not None:
                 self.path_removed(path, who, removed)
+            if incoming is not None:
+                self.removals += 1
         gone = self.inodes.detach(path)
         # Its backing inode number is free for reuse now (a directory has no other name).
         if gone is not None and (is_dir or st.st_nlink == 1):
@@ -769,6 +773,8 @@ class Files:
         self.forget_removed(dst)
         if removed is not None:
             self.path_removed(src, who, removed)
+        if incoming is not None:
+            self.removals += 1
         if exchange:
             self.inodes.exchange(src, dst)  # a directory's children move with it
         else:
@@ -1250,6 +1256,20 @@ class Files:
         self.removed[path] = Removed(fd, who.get("uid", -1), time.monotonic())
         while len(self.removed) > REMOVED_MAX:  # the oldest goes
             os.close(self.removed.pop(next(iter(self.removed))).fd)
+
+    def let_go_kept(self) -> bool:
+        """The disk is full: close every descriptor kept of removed or replaced files (for
+        ``_recreated`` and stale writes: those checks then find nothing, never a false
+        refusal), so that a removed file no object keeps frees its space. True if any."""
+        had = bool(self.removed or self.gone_fds)
+        for rec in self.removed.values():
+            os.close(rec.fd)
+        self.removed.clear()
+        for gone in self.gone_fds:
+            os.close(gone.fd)
+            gone.fd = -1
+        self.gone_fds.clear()
+        return had
 
     def forget_removed(self, path: bytes) -> None:
         """``path`` names another file now (a rename onto it, a new directory)."""

@@ -709,7 +709,13 @@ class Operations(pyfuse3.Operations):
 
     async def _remove(self, parent_inode: int, name: bytes, ctx: Any, is_dir: bool) -> None:
         path = self._parent_path(parent_inode, name)
-        await self.files.remove(path, self._who(ctx), is_dir)
+        try:
+            await self.files.remove(path, self._who(ctx), is_dir)
+        except OSError as exc:
+            # (A removal that fails changes nothing: it can be tried again.)
+            if exc.errno != errno.ENOSPC or not await self._room(removal=True):
+                raise
+            await self.files.remove(path, self._who(ctx), is_dir)
 
     @_guard()
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -739,7 +745,13 @@ class Operations(pyfuse3.Operations):
     ) -> None:
         src = self._parent_path(old_parent, old_name)
         dst = self._parent_path(new_parent, new_name)
-        await self.files.rename(src, dst, flags, self._who(ctx))
+        try:
+            await self.files.rename(src, dst, flags, self._who(ctx))
+        except OSError as exc:
+            # (A rename that fails changes nothing: it can be tried again.)
+            if exc.errno != errno.ENOSPC or not await self._room(removal=True):
+                raise
+            await self.files.rename(src, dst, flags, self._who(ctx))
         self.control.succeeded(dst)  # (a save by rename: an earlier refusal is over)
 
     # ---- files ----
@@ -888,9 +900,15 @@ class Operations(pyfuse3.Operations):
         assert isinstance(h, Handle)
         i = h.inode
         stage = await self._to_change(i, h.info, off + len(buf))
+        try:
+            n = os.pwrite(i.fd if stage is None else stage.fd, buf, off)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not await self._room():
+                raise
+            stage = await self._to_change(i, h.info, off + len(buf))
+            n = os.pwrite(i.fd if stage is None else stage.fd, buf, off)
         if stage is None:
-            return os.pwrite(i.fd, buf, off)
-        n = os.pwrite(stage.fd, buf, off)
+            return n
         stage.wrote(off, off + n)
         h.dirty = True
         # Until a commit point seals this stage, its next writes skip this method (they
@@ -944,9 +962,31 @@ class Operations(pyfuse3.Operations):
                 self.files.open_backing(i, writable=True)
                 return None
         if i.stage is None or i.stage.sealed:
-            await self.files.ensure_stage(i)
+            try:
+                await self.files.ensure_stage(i)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC or not await self._room():
+                    raise
+                await self.files.ensure_stage(i)
         assert i.stage is not None
         return i.stage
+
+    async def _room(self, removal: bool = False) -> bool:
+        """ENOSPC: let go of what rwfs keeps of removed files, so that deleting files
+        frees space (docs/history.md): the descriptors kept of them, then, if files were
+        removed since the last time, their kept bytes. For a removal, when that frees
+        nothing, the state's reserve goes, so that the removal can be journaled. True if
+        anything went: try again."""
+        self.ws.stats.count("disk_full_reclaims")
+        freed = self.files.let_go_kept()
+        if self.files.removals:
+            self.files.removals = 0
+            if await self.control.reclaim():
+                await trio.to_thread.run_sync(self.ws.reserve.make)
+                return True
+        if removal and not freed:
+            freed = self.ws.reserve.release()
+        return freed
 
     # ---- requests pyfuse3 has no method for (kernelflags.serve) ----
 

@@ -70,17 +70,33 @@ def recent(store: Store, history: History, cutoff: float) -> dict[str, float]:
     return out
 
 
+def removed_bytes(history: History) -> set[str]:
+    """Digests that are the last bytes of a path an unlink removed."""
+    out = set()
+    for versions in history.paths.values():
+        for old, new in zip(versions, versions[1:], strict=False):
+            if new.digest is None and old.digest:
+                out.add(old.digest)
+    return out
+
+
 def collect(
     store: Store,
     objects: ObjectStore,
     policy: Policy,
     progress: Callable[[str], None] | None = None,
     now: float | None = None,
+    removed_only: bool = False,
+    spare: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
+    """Remove what nothing needs. ``removed_only``: the disk is full, and only the bytes
+    of removed files go, whatever the retention policy keeps (their history is given up,
+    so that deleting files frees space); the ``gc`` event says ``reason: disk_full``.
+    ``spare``: digests to keep besides (what the daemon has not journaled yet)."""
     say = progress or (lambda msg: None)
     started = now or time.time()
     history = History(store)
-    keep = needed(store, history)
+    keep = needed(store, history) | spare
     cutoff = started - policy.retain_days * 86400
     soft = recent(store, history, cutoff)
     found: dict[str, int] = {}
@@ -97,8 +113,12 @@ def collect(
             found[digest] = os.stat(objects.name(digest), dir_fd=objects.fd).st_size
             if len(found) % 1000 == 0:
                 say(f"gc: {len(found)} objects looked at")
-    drop = [d for d in found if d not in keep and d not in soft]
-    if policy.retain_bytes:
+    if removed_only:
+        gone = removed_bytes(history)
+        drop = [d for d in found if d not in keep and d in gone]
+    else:
+        drop = [d for d in found if d not in keep and d not in soft]
+    if policy.retain_bytes and not removed_only:
         kept = sum(size for d, size in found.items() if d not in drop)
         for d in sorted((d for d in found if d in soft and d not in keep), key=soft.__getitem__):
             if kept <= policy.retain_bytes:
@@ -122,6 +142,7 @@ def collect(
                 "removed": len(drop),
                 "freed_bytes": freed,
                 "kept": len(found) - len(drop),
+                **({"reason": "disk_full"} if removed_only else {}),
             }
         )
 

@@ -249,6 +249,45 @@ def _hash_zeros(h: Any, n: int) -> None:
         n -= k
 
 
+# Space the state directory holds back (``.rw/reserve``) for a full disk: released, it lets
+# a removal be journaled (its intent record, the group's LMDB pages) when nothing else can
+# be freed; made again once space is freed (docs/history.md).
+RESERVE_BYTES = 1 << 20
+
+
+class Reserve:
+    """``.rw/reserve``: RESERVE_BYTES allocated, to give back when the disk is full.
+    Blocking (a worker thread, or before the mount is served)."""
+
+    def __init__(self, state_fd: int) -> None:
+        self.state_fd = state_fd
+
+    def make(self) -> bool:
+        """Allocate the reserve if it is not; False if there is no room for it."""
+        try:
+            fd = os.open(
+                b"reserve", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=self.state_fd
+            )
+        except OSError:
+            return False
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def release(self) -> bool:
+        """Give the reserve's space back; False if there was none."""
+        try:
+            st = os.stat(b"reserve", dir_fd=self.state_fd)
+            os.unlink(b"reserve", dir_fd=self.state_fd)
+        except FileNotFoundError:
+            return False
+        return st.st_blocks > 0
+
+
 class ObjectStore:
     def __init__(self, state_fd: int) -> None:
         _makedirs_at(state_fd, b"objects")

@@ -31,6 +31,7 @@ from .intents import IntentLog
 from .objects import (
     EMPTY_DIGEST,
     ObjectStore,
+    Reserve,
     TrailingHash,
     copy_fd,
     digest_fd,
@@ -309,6 +310,8 @@ class Workspace:
         self.store = store
         self.policy = policy
         self.objects = ObjectStore(state_fd)
+        self.reserve = Reserve(state_fd)
+        self.reserve.make()
         try:
             os.mkdir(b"staging", 0o700, dir_fd=state_fd)
         except FileExistsError:
@@ -357,6 +360,18 @@ class Workspace:
         applied = self._unrecorded[0] if self._unrecorded else []
         items = (*applied, *self._inflight, *self._retry, *self._queue)
         return [c for c in items if isinstance(c, Commit)]
+
+    def unrecorded_digests(self) -> set[str]:
+        """Digests that items not yet recorded name (their objects may not be journaled
+        yet): what a collection that runs before they are recorded must keep."""
+        applied = self._unrecorded[0] if self._unrecorded else []
+        out: set[str | None] = set()
+        for item in (*applied, *self._inflight, *self._retry, *self._queue):
+            if isinstance(item, Commit):
+                out |= {item.stage.expected, item.intended}
+            else:
+                out |= {item.event.get("expected"), item.event.get("intended")}
+        return {d for d in out if d}
 
     def is_queued(self, commit: Commit) -> bool:
         return any(item is commit for item in (*self._retry, *self._queue))
