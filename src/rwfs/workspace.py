@@ -212,6 +212,10 @@ class Stage:
     # write makes written text again.
     written: bool = False
     cut_last: bool = False
+    # max_journaled_bytes when it was made: a stage that grows past it is never committed
+    # (only a removed file's, still open, can: ``Files.leave_journal``), so nothing
+    # hashes it as it grows, which would read all of a sparse stage's holes.
+    limit: int = 1 << 62
 
     def wrote(self, off: int, end: int) -> None:
         """Bytes from ``off`` to ``end`` were written (a write, a fallocate). The C
@@ -227,9 +231,13 @@ class Stage:
         self._changed(off, end)
 
     def _changed(self, off: int, end: int) -> None:
-        if self.trail is not None:
+        if end > self.limit:
+            if self.trail is not None:
+                self.trail.stop()
+            self.trail, self.limit = None, -1  # (-1: never again)
+        elif self.trail is not None:
             self.trail.wrote(off)
-        elif end >= TRAIL_FROM:
+        elif end >= TRAIL_FROM and self.limit >= 0:
             self.trail = TrailingHash(self.fd)
 
 
@@ -549,7 +557,7 @@ class Workspace:
             os.close(fd)
             os.unlink(name, dir_fd=self.staging_fd)
             raise
-        return Stage(fd, name, expected)
+        return Stage(fd, name, expected, limit=self.policy.max_journaled_bytes)
 
     # An empty file replaced by its first commit (a new file's placeholder) is linked into
     # the staging area and becomes a later stage, instead of being freed while another
@@ -620,7 +628,7 @@ class Workspace:
             if os.geteuid() == 0:
                 os.fchown(fd, uid, gid)
             os.fchmod(fd, mode)
-            return Stage(fd, name, None)
+            return Stage(fd, name, None, limit=self.policy.max_journaled_bytes)
 
         return await trio.to_thread.run_sync(make, limiter=_LIMIT)
 
