@@ -53,8 +53,8 @@ def test_full_disk_refuses_the_write_and_keeps_the_file(small_fs: Path) -> None:
 
 def test_deleting_files_on_a_full_disk_frees_space(small_fs: Path) -> None:
     # Removed journaled files keep their bytes as objects (history, undo), so removing
-    # them frees nothing, until a write finds the disk full: then rwfs gives up those
-    # kept bytes (a gc event with reason disk_full says so) and the write goes through.
+    # them frees nothing by itself; on a full disk rwfs gives up those kept bytes (a gc
+    # event with reason disk_full says so), and the write that found no room goes through.
     import json
     import os
 
@@ -82,8 +82,11 @@ def test_deleting_files_on_a_full_disk_frees_space(small_fs: Path) -> None:
         (m.path / ".rw" / "ctl").write_text("sync\n")
         evs = [json.loads(x) for x in (m.path / ".rw" / "journal").read_text().splitlines()]
         gcs = [e for e in evs if e["op"] == "gc"]
-        assert [e.get("reason") for e in gcs] == ["disk_full"], gcs
-        assert gcs[0]["removed"] == 8 and gcs[0]["freed_bytes"] == 8 << 20
+        # (The first unlink, which found no room for its own record, used the reserve and
+        # was collected at once; the others at the write.)
+        assert gcs and all(e.get("reason") == "disk_full" for e in gcs), gcs
+        assert sum(e["removed"] for e in gcs) == 8
+        assert sum(e["freed_bytes"] for e in gcs) == 8 << 20
         assert [e["op"] for e in evs if e.get("path") == "new.bin"][-1] == "write"
         # The removed files' history is given up; the live file's is untouched.
         assert (m.path / "keep.txt").read_bytes() == b"kept\n"

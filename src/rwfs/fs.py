@@ -716,6 +716,7 @@ class Operations(pyfuse3.Operations):
             if exc.errno != errno.ENOSPC or not await self._room(removal=True):
                 raise
             await self.files.remove(path, self._who(ctx), is_dir)
+            await self._removed_on_full_disk()
 
     @_guard()
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -752,6 +753,7 @@ class Operations(pyfuse3.Operations):
             if exc.errno != errno.ENOSPC or not await self._room(removal=True):
                 raise
             await self.files.rename(src, dst, flags, self._who(ctx))
+            await self._removed_on_full_disk()
         self.control.succeeded(dst)  # (a save by rename: an earlier refusal is over)
 
     # ---- files ----
@@ -979,14 +981,30 @@ class Operations(pyfuse3.Operations):
         anything went: try again."""
         self.ws.stats.count("disk_full_reclaims")
         freed = self.files.let_go_kept()
-        if self.files.removals:
-            self.files.removals = 0
-            if await self.control.reclaim():
-                await trio.to_thread.run_sync(self.ws.reserve.make)
-                return True
+        if await self._reclaim():
+            return True
         if removal and not freed:
             freed = self.ws.reserve.release()
         return freed
+
+    async def _reclaim(self) -> bool:
+        """Collect the kept bytes of the files removed since the last time, with the
+        reserve's room for the journal to record that first; the reserve is made again
+        after. True if any went."""
+        if not self.files.removals:
+            return False
+        self.files.removals = 0
+        self.ws.reserve.release()
+        try:
+            return await self.control.reclaim()
+        finally:
+            await trio.to_thread.run_sync(self.ws.reserve.make)
+
+    async def _removed_on_full_disk(self) -> None:
+        """A removal went through on a full disk with the reserve's room: it frees its
+        file's space now (once journaled), and the reserve is made again."""
+        await self.ws.flush()
+        await self._reclaim()
 
     # ---- requests pyfuse3 has no method for (kernelflags.serve) ----
 

@@ -126,11 +126,17 @@ def collect(
             drop.append(d)
             kept -= found[d]
     freed = 0
-    for n, digest in enumerate(drop, 1):
-        os.unlink(objects.name(digest), dir_fd=objects.fd)
-        freed += found[digest]
-        if n % 1000 == 0:
-            say(f"gc: {n}/{len(drop)} objects removed")
+
+    def unlink() -> None:
+        nonlocal freed
+        for n, digest in enumerate(drop, 1):
+            os.unlink(objects.name(digest), dir_fd=objects.fd)
+            freed += found[digest]
+            if n % 1000 == 0:
+                say(f"gc: {n}/{len(drop)} objects removed")
+
+    if not removed_only:
+        unlink()
 
     def record(txn: Any) -> None:
         for digest in drop:
@@ -140,11 +146,15 @@ def collect(
                 "op": "gc",
                 "path": "",
                 "removed": len(drop),
-                "freed_bytes": freed,
+                "freed_bytes": freed or sum(found[d] for d in drop),
                 "kept": len(found) - len(drop),
                 **({"reason": "disk_full"} if removed_only else {}),
             }
         )
 
     store.write(record)
+    if removed_only:
+        # Recorded first: if the journal cannot take it, no object goes that it still
+        # lists (a crash in between leaves objects nothing lists, for the next gc).
+        unlink()
     return {"objects": len(found), "removed": len(drop), "freed_bytes": freed}
