@@ -193,3 +193,29 @@ def test_snapshots_kept_in_memory_agree_with_the_journal(workspace: Path) -> Non
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_a_refused_stage_fails_the_change_that_would_cross_the_limit(workspace: Path) -> None:
+    # Leaving journaling commits what the file held until then: its gates judge it, and
+    # a refusal fails the change that would have crossed, changing nothing.
+    prepare_state(workspace, "max_journaled_bytes = 1048576\n")
+    good = b"".join(b"def f%d():\n    return %d\n\n" % (k, k) for k in range(30))
+    (workspace / "a.py").write_bytes(good)
+    m = Mount(workspace).start()
+    try:
+        fd = os.open(m.path / "a.py", os.O_RDWR)
+        try:
+            os.pwrite(fd, b"def broken(:\n", 0)
+            with pytest.raises(OSError) as err:
+                os.pwrite(fd, b"# tail\n", 2 << 20)
+            assert err.value.errno == errno.EBADMSG
+        finally:
+            os.close(fd)
+        assert (m.path / "a.py").read_bytes() == good
+        ops = [e["op"] for e in events(m) if e.get("path") == "a.py"]
+        assert "refuse" in ops and "unjournaled" not in ops, ops
+        assert os.stat(m.path / "a.py").st_size == len(good)
+    finally:
+        m.stop()
+    check_clean(m)
+    assert (workspace / "a.py").read_bytes() == good
