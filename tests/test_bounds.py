@@ -97,9 +97,9 @@ def test_a_new_file_written_far_past_the_limit_is_never_staged(workspace: Path) 
         assert f.read() == b"y" * 4096
 
 
-def test_fast_writes_and_a_truncation_cross_the_limit(workspace: Path) -> None:
+def test_fast_writes_a_truncation_and_fallocate_cross_the_limit(workspace: Path) -> None:
     # A small limit, crossed by sequential writes (which go straight into the stage)
-    # and, on a second file, by an ftruncate.
+    # and, on other files, by an ftruncate and a fallocate.
     prepare_state(workspace, "max_journaled_bytes = 1048576\n")
     m = Mount(workspace).start()
     try:
@@ -111,7 +111,16 @@ def test_fast_writes_and_a_truncation_cross_the_limit(workspace: Path) -> None:
             f.write(b"short\n")
             f.flush()
             os.ftruncate(f.fileno(), 3 << 20)
+        (m.path / "alloc.dat").write_bytes(b"allocated\n")
+        fd = os.open(m.path / "alloc.dat", os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, 2 << 20)
+        finally:
+            os.close(fd)
         evs = events(m)
+        alloc = [e for e in evs if e.get("path") == "alloc.dat" and e["op"] != "create"]
+        assert [e["op"] for e in alloc] == ["write", "unjournaled"], alloc
+        assert alloc[1]["expected"] == sha(b"allocated\n") and alloc[1]["size"] == 2 << 20
         grow = [e for e in evs if e.get("path") == "grow.dat" and e["op"] != "create"]
         assert [e["op"] for e in grow[-1:]] == ["unjournaled"], grow
         # What was committed before it is a prefix of the file, within the limit.
@@ -128,6 +137,7 @@ def test_fast_writes_and_a_truncation_cross_the_limit(workspace: Path) -> None:
     data = (workspace / "grow.dat").read_bytes()
     assert data == chunk * 32
     assert (workspace / "cut.dat").read_bytes() == b"short\n" + bytes((3 << 20) - 6)
+    assert (workspace / "alloc.dat").read_bytes() == b"allocated\n" + bytes((2 << 20) - 10)
     sizes = [size for _, size in state_files(workspace)]
     assert all(size <= 1 << 20 for size in sizes), sizes
     objects = workspace / ".rw" / "objects"
