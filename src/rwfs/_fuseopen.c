@@ -25,7 +25,8 @@
  *   request task and no copy into a bytes object, as long as that stage is still the
  *   inode's and not sealed, and the write ends within the limit given (a file growing
  *   past max_journaled_bytes leaves journaling in Python). The stage's wrote() is still
- *   called for each. The kernel
+ *   called for each. A write that finds the disk full goes to Python too, which frees
+ *   what rwfs keeps of removed files and tries again. The kernel
  *   asks for security.capability before each write: for such an inode it is read from
  *   the stage here too (as Operations.getxattr would), in wrapped getxattr.
  *   And it adds fallocate and lseek (SEEK_DATA, SEEK_HOLE), which pyfuse3 does not offer:
