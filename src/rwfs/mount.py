@@ -570,6 +570,11 @@ def locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
         try:
             with open(os.path.join(path, ".rw", "ctl"), "w") as f:
                 f.write("sync\n")
+        except PermissionError:
+            raise QuietError(
+                f"you may not write {path}/.rw/ctl, so this command cannot ask the daemon "
+                "anything; run it as the workspace's owner or as root"
+            ) from None
         except OSError as exc:
             # The journal cannot commit (EIO): what it holds is read as it is, and
             # `status` says why (its `journal` entry).
