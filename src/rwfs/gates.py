@@ -414,9 +414,11 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     total = max(sum(old_count.values()), 1)
 
     def found(signal: str, n: int, text: bytes, message: str, **more: Any) -> Finding:
+        # The line is quoted, unless it holds a secret (a placeholder comment after a key).
+        quote = "" if holds_secret(text) else f" ({text.decode(errors='replace')[:60]!r})"
         return Finding(
             "elision",
-            f"line {n + 1} ({text.decode(errors='replace')[:60]!r}) {message}",
+            f"line {n + 1}{quote} {message}",
             {"line": n + 1, "lines_removed": removed, "signal": signal, **more},
         )
 
@@ -531,6 +533,8 @@ def syntax(path: bytes, old: bytes, new: bytes) -> Finding | None:
     if parsers.parse_errors(path, old, new)[1]:
         return None  # it was broken already: not this write's doing
     err = errors[0]
+    if holds_secret(err["message"].encode("utf-8", "replace")):
+        err = {**err, "message": "syntax error"}  # a parser's message that quotes a secret
     return Finding(
         "syntax",
         f"the new {lang} does not parse (line {err['line']}: {err['message']}), "
@@ -664,43 +668,63 @@ _RANK = {"off": 99, "high": 3, "medium": 2, "low": 1, "safe": 0}
 _CONTROLS = bytes(c for c in range(32) if c < 9 or c > 13)
 
 
-def _matches(p: _Pattern, data: bytes, present: dict[str, set[bytes]]) -> set[bytes]:
+def _matches(p: _Pattern, data: bytes, present: dict[str, set[bytes]]) -> dict[bytes, int]:
+    """Each distinct match of ``p`` and where its first occurrence begins (the value's
+    own group where the pattern has one: an AWS secret after its key name)."""
     if p.view not in present:
         present[p.view] = _NEEDLES.present(p.view, _VIEWS[p.view](data))
     if not any(n in present[p.view] for n in p.needles):
-        return set()
+        return {}
+    found: dict[bytes, int] = {}
     if p.domain is None:
-        return {m.group(0) for m in p.regex.finditer(data)}
-    found: set[bytes] = set()
+        for m in p.regex.finditer(data):
+            found.setdefault(m.group(0), m.start(m.lastindex or 0))
+        return found
     done, at = 0, data.find(b"@")
     while at >= 0:
         tail = p.domain.match(data, at)
         if tail is not None:
-            m = p.regex.search(data, max(at - 256, done), tail.end())
-            if m is not None:
-                found.add(m.group(0))
-                done = m.end()
+            hit = p.regex.search(data, max(at - 256, done), tail.end())
+            if hit is not None:
+                found.setdefault(hit.group(0), hit.start())
+                done = hit.end()
         at = data.find(b"@", at + 1)
     return found
+
+
+_CONTROL = re.compile(b"[" + re.escape(_CONTROLS) + b"]")
+
+
+def where(data: bytes, offset: int) -> dict[str, int]:
+    """The 1-based line and column (in characters of the line read as UTF-8) of a byte
+    offset: how a finding points at what it found without copying it."""
+    start = data.rfind(b"\n", 0, offset) + 1
+    column = len(data[start:offset].decode("utf-8", "replace")) + 1
+    return {"line": data.count(b"\n", 0, start) + 1, "column": column}
 
 
 def risk(data: bytes) -> dict[str, Any]:
     """The risk score of content: ``{score, verdict, detected_patterns, matches}``.
 
-    Matches are cut to 16 characters, so that the report never carries the secret itself.
+    A match is named by its family, line and column, never by its value or any part of
+    it (SPEC §3.3b): the report goes to the journal, the envelope and log pipelines.
     """
     score = 0.0
-    found: dict[str, set[bytes]] = {}
+    found: dict[str, dict[bytes, int]] = {}
     present: dict[str, set[bytes]] = {}
     for family, (weight, patterns) in _FAMILIES.items():
-        hits = set().union(*(_matches(p, data, present) for p in patterns))
+        hits: dict[bytes, int] = {}
+        for p in patterns:
+            for m, at in _matches(p, data, present).items():
+                hits[m] = min(at, hits.get(m, at))
         if hits:
             found[family] = hits
             score += weight * min(1.5, 1.0 + 0.25 * (len(hits) - 1))
     head = data[:65536]
     controls = len(head) - len(head.translate(None, _CONTROLS))
     if data and controls > len(head) // 10 and "binary_hint" not in found:
-        found["binary_hint"] = {b"<non-printable bytes>"}
+        first = _CONTROL.search(head)
+        found["binary_hint"] = {b"": first.start() if first is not None else 0}
         score += _FAMILIES["binary_hint"][0]
     if len(data) > 100 << 10:
         score += 0.15
@@ -713,11 +737,18 @@ def risk(data: bytes) -> dict[str, Any]:
         "verdict": verdict,
         "detected_patterns": sorted(found),
         "matches": [
-            {"pattern": f, "match": m.decode("utf-8", "replace")[:16]}
+            {"pattern": f, **where(data, at)}
             for f in sorted(found)
-            for m in sorted(found[f])[:5]
+            for at in sorted(found[f].values())[:5]
         ],
     }
+
+
+def holds_secret(text: bytes) -> bool:
+    """Whether a short text (a line a gate would quote, a parser's message) holds a match
+    of any pattern family: then it is not quoted."""
+    present: dict[str, set[bytes]] = {}
+    return any(_matches(p, text, present) for _, ps in _FAMILIES.values() for p in ps)
 
 
 def secrets(new: bytes, cfg: dict[str, Any]) -> Finding | None:
@@ -730,9 +761,13 @@ def secrets(new: bytes, cfg: dict[str, Any]) -> Finding | None:
         action = "warn"
     else:
         return None
+    kinds = ", ".join(report["detected_patterns"]) or "a large file with long lines"
+    if report["matches"]:
+        first = min(report["matches"], key=lambda m: (m["line"], m["column"]))
+        kinds += f", the first at line {first['line']}, column {first['column']}"
     found = Finding(
         "secrets",
-        f"it looks like it holds secrets or personal data ({', '.join(report['detected_patterns'])}; "
+        f"it looks like it holds secrets or personal data ({kinds}; "
         f"risk {report['verdict']}, score {report['score']})",
         report,
     )
