@@ -315,7 +315,15 @@ class Control:
             os.close(fd)
         if view == "risk":
             return gates.risk(data)
-        fmt, errors = parsers.parse_errors(path, data)
+        try:
+            fmt, errors = parsers.parse_errors(path, data)
+        except parsers.CannotJudge as exc:  # (nested deeper than its parser goes)
+            return {
+                "valid": None,
+                "format": parsers.language(path),
+                "errors": [],
+                "cannot_judge": str(exc),
+            }
         return {"valid": not errors, "format": fmt, "errors": errors}
 
     def mkdir(self, parent: CDir, name: bytes) -> CDir:

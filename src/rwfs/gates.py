@@ -820,20 +820,52 @@ def check(
             continue  # a new file has nothing to break; it can still hold a secret
         if (binary and gate in TEXT_GATES) or (cut and gate in ("truncation", "elision")):
             continue
-        if gate == "truncation":
-            found = truncation(old, new, cfg, path)
-        elif gate == "elision":
-            found = elision(old, new, cfg, path)
-        elif gate == "syntax":
-            found = syntax(path, old, new)
-        else:
-            found = secrets(new, cfg)
-            if found is not None and found.action == "reject" and cfg["action"] != "reject":
-                found.action = cfg["action"]  # "warn" caps what the score may do
-            if found is not None:
-                out.append(found)
+        try:
+            found = _judge(gate, path, old, new, cfg)
+        except Exception as exc:  # whatever it was, the write is not judged: say so
+            unsure = cannot_judge(gate, exc, config("cannot_judge", path))
+            if unsure is not None:
+                out.append(unsure)
             continue
         if found is not None:
-            found.action = cfg["action"]
             out.append(found)
     return out
+
+
+def _judge(gate: str, path: bytes, old: bytes, new: bytes, cfg: dict[str, Any]) -> Finding | None:
+    if gate == "truncation":
+        found = truncation(old, new, cfg, path)
+    elif gate == "elision":
+        found = elision(old, new, cfg, path)
+    elif gate == "syntax":
+        found = syntax(path, old, new)
+    else:
+        found = secrets(new, cfg)
+        if found is not None and found.action == "reject" and cfg["action"] != "reject":
+            found.action = cfg["action"]  # "warn" caps what the score may do
+        return found
+    if found is not None:
+        found.action = cfg["action"]
+    return found
+
+
+def cannot_judge(gate: str, exc: BaseException, cfg: dict[str, Any]) -> Finding | None:
+    """The finding of a gate that could not decide (policy ``[gates.cannot_judge]``:
+    ``warn`` by default, so that bytes no parser can read are still written, and said so)."""
+    if cfg["action"] == "off":
+        return None
+    if isinstance(exc, parsers.CannotJudge):
+        reason = str(exc)
+    elif isinstance(exc, RecursionError):
+        reason = "it is nested deeper than the gate goes"
+    elif isinstance(exc, MemoryError):
+        reason = "the gate ran out of memory"
+    else:  # the type only: an exception's text can quote the bytes
+        reason = f"the gate failed ({type(exc).__name__})"
+    found = Finding(
+        "cannot_judge",
+        f"the {gate} gate could not judge the new bytes: {reason}",
+        {"by": gate, "reason": reason},
+    )
+    found.action = cfg["action"]
+    return found

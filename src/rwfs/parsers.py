@@ -37,6 +37,14 @@ from typing import Any, Protocol
 import yaml
 
 Error = tuple[int, str]  # (line, message) of the first syntax error
+
+
+class CannotJudge(Exception):
+    """A parser could not say whether the bytes parse: they are nested deeper than it can
+    go (RecursionError, libyaml's depth limit), it ran out of memory, or it failed. The
+    message says which, in words, and never quotes the bytes."""
+
+
 Parser = Callable[..., Error | None]  # (data, path=None, previous=None)
 
 # Per-path state is kept for files up to _KEEP_BYTES, for at most _KEEP_PATHS paths
@@ -363,6 +371,8 @@ def _yaml_events(data: bytes) -> tuple[Error | None, list[Any] | None]:
 
 
 def _yaml_error(exc: yaml.YAMLError) -> Error:
+    if "maximum nesting depth" in str(exc):  # libyaml's limit (1,000), not YAML's
+        raise CannotJudge("it is nested deeper than the yaml parser goes")
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         return exc.problem_mark.line + 1, str(exc.problem or exc)
     return 0, str(exc)
@@ -565,14 +575,14 @@ def _ts_error(root: Any) -> Error | None:
 
 
 def _first_error(node: Any) -> Any:
-    """The first ERROR or MISSING node, depth first (where a parser gave up)."""
-    if node.is_error or node.is_missing:
-        return node
-    for child in node.children:
-        if child.has_error or child.is_missing:
-            found = _first_error(child)
-            if found is not None:
-                return found
+    """The first ERROR or MISSING node, depth first (where a parser gave up). A loop, not
+    a recursion: a tree can be as deep as the file is nested."""
+    todo = [node]
+    while todo:
+        node = todo.pop()
+        if node.is_error or node.is_missing:
+            return node
+        todo.extend(c for c in reversed(node.children) if c.has_error or c.is_missing)
     return None
 
 
@@ -741,8 +751,24 @@ def parse_errors(
     lang = language(path)
     if lang is None:
         return None, []
-    err = PARSERS[lang](data, path, previous)
+    err = _guarded(lang, PARSERS[lang], data, path, previous)
     return lang, ([] if err is None else [{"line": err[0], "message": err[1]}])
+
+
+def _guarded(lang: str, parse: Parser, *args: Any) -> Error | None:
+    """``parse(*args)``, its failures turned into CannotJudge (raised): a parser that
+    cannot decide must not take the commit down with it (RecursionError in ``json`` and
+    ``tomllib`` at a few thousand levels, MemoryError, a parser's own bug)."""
+    try:
+        return parse(*args)
+    except CannotJudge:
+        raise
+    except RecursionError:
+        raise CannotJudge(f"it is nested deeper than the {lang} parser goes") from None
+    except MemoryError:
+        raise CannotJudge(f"the {lang} parser ran out of memory") from None
+    except Exception as exc:  # the type only: an exception's text can quote the bytes
+        raise CannotJudge(f"the {lang} parser failed ({type(exc).__name__})") from None
 
 
 def quick(path: bytes, previous: Callable[[], bytes]) -> bool:
@@ -790,5 +816,8 @@ def prime(path: bytes, data: bytes) -> bool:
         return False  # JSON and TOML keep nothing: they are fast in full
     if _kept.get((lang, path), data) is not None:
         return False
-    PARSERS[lang](data, path)
+    try:
+        _guarded(lang, PARSERS[lang], data, path)
+    except CannotJudge:
+        return False  # the commit will say so
     return True

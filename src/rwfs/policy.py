@@ -116,6 +116,11 @@ action = "reject"
 warn_at = "medium"
 reject_at = "off"
 
+# A gate that cannot judge a write (a file nested deeper than its parser goes, a parser
+# out of memory): "warn" (the write proceeds, the finding is recorded), "reject" or "off".
+[gates.cannot_judge]
+action = "warn"
+
 # Per-path actions, e.g. for deliberately broken test fixtures:
 # [[gates.override]]
 # paths = ["tests/fixtures/**"]
@@ -153,6 +158,9 @@ GATE_DEFAULTS: dict[str, dict[str, Any]] = {
     "syntax": {"action": "reject"},
     # The risk score's verdict (low, medium, high) at which to warn and to refuse ("off").
     "secrets": {"action": "reject", "warn_at": "medium", "reject_at": "off"},
+    # Not a gate: what a gate that could not decide does (a file nested deeper than its
+    # parser goes): "warn" (the write proceeds, recorded), "reject" or "off".
+    "cannot_judge": {"action": "warn"},
 }
 VERDICT_SETTINGS = ("off", "low", "medium", "high")
 ACTIONS = ("reject", "warn", "off")
