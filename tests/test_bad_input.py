@@ -155,3 +155,79 @@ def test_deep_nesting_through_a_mount(tmp_path: Path, mode: str) -> None:
             assert (m.path / name).read_bytes() == data, name
     finally:
         m.stop()
+
+
+# ---- B.3: policy values are range-checked ----
+
+OUT_OF_RANGE = [
+    ("commit_interval_ms = 0", "commit_interval_ms", 0),
+    ("commit_interval_ms = 60001", "commit_interval_ms", 60001),
+    ("max_journaled_bytes = 0", "max_journaled_bytes", 0),
+    ("retry_budget = -1", "retry_budget", -1),
+    ("retain_days = -1", "retain_days", -1),
+    ("retain_bytes = -5", "retain_bytes", -5),
+    ("[gates.truncation]\nmin_lines = -1", "gates.truncation.min_lines", -1),
+    ("[gates.truncation]\nmin_lines = 2.5", "gates.truncation.min_lines", 2.5),
+    ("[gates.truncation]\nmin_ratio = 7.5", "gates.truncation.min_ratio", 7.5),
+    ("[gates.truncation]\nmin_ratio = nan", "gates.truncation.min_ratio", "nan"),
+    ("[gates.truncation]\nmin_ratio = true", "gates.truncation.min_ratio", True),
+    ("[gates.elision]\nmin_lines = -3", "gates.elision.min_lines", -3),
+    ("[gates.elision]\nmass_ratio = 1.01", "gates.elision.mass_ratio", 1.01),
+    ("[gates.elision]\ncut_ratio = -0.1", "gates.elision.cut_ratio", -0.1),
+    ("retry_budget = 1.5", "retry_budget", 1.5),
+]
+
+
+@pytest.mark.parametrize("text,key,value", OUT_OF_RANGE)
+def test_policy_numbers_out_of_range_are_refused(text: str, key: str, value: object) -> None:
+    from rwfs.policy import RANGES, PolicyError
+
+    assert key in RANGES
+    with pytest.raises(PolicyError) as caught:
+        Policy.parse(text)
+    assert caught.value.details["key"] == key and caught.value.details["value"] == value
+    assert key in str(caught.value) and caught.value.details["allowed"] in str(caught.value)
+    # The edges of each range are taken.
+    whole, least, most = RANGES[key]
+    edge = text.rsplit("=", 1)[0] + f"= {least if most is None else most}"
+    Policy.parse(edge)
+
+
+def test_every_numeric_policy_key_has_a_range() -> None:
+    from rwfs.policy import _KEYS, GATE_DEFAULTS, RANGES
+
+    numeric = {k for k, t in _KEYS.items() if t is int}
+    numeric |= {
+        f"gates.{g}.{k}"
+        for g, d in GATE_DEFAULTS.items()
+        for k, v in d.items()
+        if isinstance(v, int | float)
+    }
+    assert numeric == set(RANGES)
+
+
+def test_an_out_of_range_policy_through_the_mount_is_refused_whole(mount: Mount) -> None:
+    pol = mount.path / ".rw" / "policy.toml"
+    before = pol.read_text()
+    bad = before.replace("min_ratio = 0.3", "min_ratio = 7.5")
+    assert bad != before
+    with pytest.raises(OSError) as caught:
+        pol.write_text(bad)
+    assert caught.value.errno == errno.EINVAL
+    env = last_error(mount)
+    assert env["path"] == ".rw/policy.toml" and env["errno"] == "EINVAL"
+    assert env["details"] == {
+        "key": "gates.truncation.min_ratio",
+        "value": 7.5,
+        "allowed": "a number from 0 to 1",
+    }
+    assert "gates.truncation.min_ratio = 7.5" in env["message"]
+    assert "from 0 to 1" in env["message"] and "was not changed" in env["message"]
+    assert pol.read_text() == before
+    # The truncation gate is still on: a file cut short is refused.
+    f = mount.path / "long.txt"
+    f.write_text("".join(f"line {i}\n" for i in range(100)))
+    err = write_bytes(f, "".join(f"line {i}\n" for i in range(10)).encode())
+    assert err is not None and err.errno == errno.EBADMSG
+    assert last_error(mount)["reason_hint"] == "truncation"
+    alive(mount)

@@ -644,6 +644,7 @@ class Control:
                 f"The policy was not changed because the new text is invalid ({exc}); "
                 "fix it and write the whole file again.",
                 path=".rw/policy.toml",
+                details=getattr(exc, "details", None) or None,
             ) from None
         write_state_file(self.ws.state_fd, b"policy.toml", data)
         self.ws.policy = policy

@@ -7,6 +7,7 @@ Path globs follow ``.gitignore`` rules, with one difference that matches what pe
 from __future__ import annotations
 
 import errno
+import math
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,12 +212,60 @@ def _check_gates(raw: Any) -> None:
                     raise PolicyError(
                         f"gates.{name}.{key} must be one of {', '.join(VERDICT_SETTINGS)}"
                     )
-            elif isinstance(setting, bool) or not isinstance(setting, int | float) or setting < 0:
-                raise PolicyError(f"gates.{name}.{key} must be a number ≥ 0")
+            else:
+                _check_number(f"gates.{name}.{key}", setting)
+
+
+# The range of every number the policy holds: (integers only, least, most or None). A
+# value out of range is refused, never taken: min_ratio = 7.5 would turn the truncation
+# gate off without a word.
+RANGES: dict[str, tuple[bool, int, int | None]] = {
+    "commit_interval_ms": (True, 1, 60_000),
+    "max_journaled_bytes": (True, 1, None),
+    "retry_budget": (True, 0, None),
+    "retain_days": (True, 0, None),
+    "retain_bytes": (True, 0, None),
+    "gates.truncation.min_lines": (True, 0, None),
+    "gates.truncation.min_ratio": (False, 0, 1),
+    "gates.elision.min_lines": (True, 0, None),
+    "gates.elision.mass_ratio": (False, 0, 1),
+    "gates.elision.cut_ratio": (False, 0, 1),
+}
+
+
+def allowed(key: str) -> str:
+    """The range of a numeric key, in words."""
+    whole, least, most = RANGES[key]
+    kind = "an integer" if whole else "a number"
+    return f"{kind} from {least} to {most}" if most is not None else f"{kind} of {least} or more"
+
+
+def _check_number(key: str, value: Any) -> None:
+    whole, least, most = RANGES[key]
+    if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+        what = "is not allowed"
+    elif least <= value and (most is None or value <= most):
+        return
+    else:  # (NaN is in no range: both comparisons are false)
+        what = "is out of range"
+    raise PolicyError(
+        f"{key} = {value!r} {what}: it must be {allowed(key)}",
+        key=key,
+        # (as a string unless JSON holds it: a list, NaN and inf are not JSON numbers)
+        value=value
+        if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+        else repr(value),
+        allowed=allowed(key),
+    )
 
 
 class PolicyError(ValueError):
-    """The policy text is invalid; the message says which key and why."""
+    """The policy text is invalid; the message says which key and why (``details``: the
+    key, its value and what is allowed, when one value is at fault)."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 @dataclass
@@ -276,6 +325,9 @@ class Policy:
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError(f"policy.toml is not valid TOML: {exc}") from None
         for key, value in raw.items():
+            if key in RANGES:
+                _check_number(key, value)
+                continue
             want = _KEYS.get(key)
             if want is None:
                 raise PolicyError(f"unknown policy key {key!r}; known keys: {', '.join(_KEYS)}")
@@ -283,14 +335,6 @@ class Policy:
                 raise PolicyError(f"policy key {key!r} must be a {want.__name__}")  # type: ignore[union-attr]
         if raw.get("durability", "group") not in ("group", "strict"):
             raise PolicyError('durability must be "group" or "strict"')
-        if not 1 <= raw.get("commit_interval_ms", 500) <= 60_000:
-            raise PolicyError("commit_interval_ms must be between 1 and 60000")
-        if raw.get("max_journaled_bytes", 1) < 1:
-            raise PolicyError("max_journaled_bytes must be positive")
-        if raw.get("retry_budget", 3) < 0:
-            raise PolicyError("retry_budget must be 0 or more")
-        if raw.get("retain_days", 30) < 0 or raw.get("retain_bytes", 0) < 0:
-            raise PolicyError("retain_days and retain_bytes must be 0 or more")
         if raw.get("stale_write", "warn") not in ("warn", "conflict", "off"):
             raise PolicyError('stale_write must be "warn", "conflict" or "off"')
         if raw.get("tell_writer", "auto") not in ("auto", "always", "off"):
