@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,47 @@ def test_an_out_of_range_policy_through_the_mount_is_refused_whole(mount: Mount)
     assert err is not None and err.errno == errno.EBADMSG
     assert last_error(mount)["reason_hint"] == "truncation"
     alive(mount)
+
+
+# ---- B.4: names a tool would read as options ----
+
+
+def test_plain_name_refuses_a_leading_dash() -> None:
+    from rwfs.store import plain_name
+
+    for bad in (b"-x", b"--help", b"-", b"-rf", b".", b"..", b"a/b", b"", b"x" * 65):
+        assert plain_name(bad) is None, bad
+    for good in (b"a-b", b"x-", b"v1.2", b"_x", b".hidden", b"x" * 64):
+        assert plain_name(good) == good.decode()
+
+
+@pytest.mark.parametrize("top", ["batches", "snapshots", "chunks"])
+def test_names_starting_with_a_dash_are_refused(mount: Mount, top: str) -> None:
+    d = mount.path / ".rw" / top
+    before = sorted(os.listdir(d))
+    for bad in ("-x", "--help", "-"):
+        with pytest.raises(OSError) as caught:
+            os.mkdir(d / bad)
+        assert caught.value.errno == errno.EINVAL, (top, bad)
+        env = last_error(mount)
+        assert env["errno"] == "EINVAL" and "not starting with a dash" in env["message"]
+        assert sorted(os.listdir(d)) == before
+    os.mkdir(d / "ok-1")  # a dash inside a name is fine
+    assert "ok-1" in os.listdir(d)
+    alive(mount)
+
+
+def test_the_cli_refuses_a_batch_name_starting_with_a_dash(mount: Mount) -> None:
+    import subprocess
+
+    from conftest import RWFS
+
+    # (argparse takes a positional "-x" for an option; an option's value can be one)
+    res = subprocess.run(
+        [*RWFS, "run", "--batch=-x", str(mount.path), "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2 and "not starting with a dash" in res.stderr, res.stderr
+    assert "-x" not in os.listdir(mount.path / ".rw" / "batches")

@@ -88,7 +88,7 @@ def check_name(raw: bytes) -> str:
         shown = raw.decode("utf-8", "replace")[:40] + ("…" if len(raw) > 40 else "")
         raise _err(
             f"No batch was opened because {shown!r} is not a batch name: use 1 to 64 letters, "
-            "digits, dots, dashes or underscores, not starting with 'auto-'.",
+            "digits, dots, dashes or underscores, not starting with a dash or 'auto-'.",
             None,
         )
     return name

@@ -139,7 +139,7 @@ class Chunks:
         if name is None:
             raise _bad(
                 f"No session was opened: {raw.decode('utf-8', 'replace')[:40]!r} is not a session name (1 to 64 "
-                "letters, digits, dots, dashes or underscores).",
+                "letters, digits, dots, dashes or underscores, not starting with a dash).",
                 ".rw/chunks",
             )
         if raw in self._sessions():

@@ -392,7 +392,7 @@ def cmd_batch(a: argparse.Namespace) -> int:
     ):
         raise QuietError(
             f"{a.name!r} is not a batch name: use 1 to 64 letters, digits, dots, dashes or "
-            "underscores, not starting with 'auto-'",
+            "underscores, not starting with a dash or 'auto-'",
             2,
         )
     mount = _mount_of(a.directory or ".")

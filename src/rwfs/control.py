@@ -898,7 +898,7 @@ class SnapshotViews:
         if name is None:
             raise _verb_error(
                 f"No snapshot was made because {raw.decode('utf-8', 'replace')[:40]!r} is not a snapshot name: use 1 to "
-                "64 letters, digits, dots, dashes or underscores.",
+                "64 letters, digits, dots, dashes or underscores, not starting with a dash.",
                 ".rw/snapshots",
             )
         if self.get(name) is not None:

@@ -427,7 +427,7 @@ def parse_run(args: list[str]) -> Any:
 
         if plain_name(os.fsencode(a.batch)) is None or a.batch.startswith("auto-"):
             _usage(f"{a.batch!r} is not a batch name: use 1 to 64 letters, digits, dots, "
-                   "dashes or underscores, not starting with 'auto-'")  # fmt: skip
+                   "dashes or underscores, not starting with a dash or 'auto-'")  # fmt: skip
     if a.batch is not None and a.review:
         _usage("--batch and --review cannot be combined (--review makes its own batch)")
     return a

@@ -132,8 +132,9 @@ _NAME = re.compile(rb"[A-Za-z0-9._-]{1,64}")
 
 def plain_name(raw: bytes) -> str | None:
     """A name for a batch, snapshot or chunk session (SPEC §6.1: ``[A-Za-z0-9._-]{1,64}``,
-    not ``.`` or ``..``), or None."""
-    if not _NAME.fullmatch(raw) or raw in (b".", b".."):
+    not ``.`` or ``..``, and not starting with ``-``: a tool given the name, ``rwfs undo
+    NAME`` itself, would read it as an option), or None."""
+    if not _NAME.fullmatch(raw) or raw in (b".", b"..") or raw.startswith(b"-"):
         return None
     return raw.decode()
 
