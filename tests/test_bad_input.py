@@ -276,3 +276,68 @@ def test_the_cli_refuses_a_batch_name_starting_with_a_dash(mount: Mount) -> None
     )
     assert res.returncode == 2 and "not starting with a dash" in res.stderr, res.stderr
     assert "-x" not in os.listdir(mount.path / ".rw" / "batches")
+
+
+# ---- B.5: restore of a path that names nothing journaled ----
+
+
+def ctl_fails(m: Mount, line: bytes) -> dict:
+    with pytest.raises(OSError) as caught:
+        with open(m.path / ".rw" / "ctl", "wb") as f:
+            f.write(line)
+    assert caught.value.errno == errno.EINVAL, line
+    env = last_error(m)
+    assert env["errno"] == "EINVAL" and env["path"] == ".rw/ctl"
+    return env
+
+
+def test_restore_of_a_path_that_names_nothing_fails(mount: Mount) -> None:
+    import subprocess
+
+    from conftest import RWFS
+
+    (mount.path / "src").mkdir()
+    f = mount.path / "src" / "a.txt"
+    f.write_text("then\n")
+    os.mkdir(mount.path / ".rw" / "snapshots" / "s1")
+    f.write_text("now\n")
+    batches = sorted(os.listdir(mount.path / ".rw" / "batches"))
+    for arg, said in [
+        (b"'src/a\0b'", "NUL byte"),
+        (b".rw/journal", "control directory"),
+        (b".rw", "control directory"),
+        (b"x" * 300, "longer than a path can be"),
+        (b"never.txt", "names nothing the journal has a version of"),
+        (b"src/a.txt never.txt", "names nothing"),  # one bad path: nothing restored
+        (b"src/a.txt/b", "names nothing"),
+        (b"''", "is empty"),
+    ]:
+        env = ctl_fails(mount, b"restore s1 " + arg + b"\n")
+        assert said in env["message"] and env["message"].startswith("Nothing was restored"), arg
+        assert f.read_text() == "now\n", arg
+        assert sorted(os.listdir(mount.path / ".rw" / "batches")) == batches
+    # The CLI says so and exits 1.
+    res = subprocess.run(
+        [*RWFS, "restore", "-C", str(mount.path), "s1", "never.txt"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 1 and "names nothing the journal has" in res.stderr, res
+    res = subprocess.run(
+        [*RWFS, "undo", "-C", str(mount.path), "no-such-batch"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 1 and "Nothing was undone" in res.stderr, res
+    assert f.read_text() == "now\n"
+    # A journaled file, and a directory holding one, are restored.
+    (mount.path / ".rw" / "ctl").write_bytes(b"restore s1 src\n")
+    assert f.read_text() == "then\n"
+    f.write_text("now\n")
+    (mount.path / ".rw" / "ctl").write_bytes(b"restore s1 src/a.txt\n")
+    assert f.read_text() == "then\n"
+    # Unchanged since the snapshot: nothing to do, and that is no error.
+    (mount.path / ".rw" / "ctl").write_bytes(b"restore s1 src/a.txt\n")
+    alive(mount)

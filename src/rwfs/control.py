@@ -570,6 +570,15 @@ class Control:
             )
         await self.ws.sync()
         paths = [os.fsencode(os.path.normpath(a)) for a in args[1:]]
+        for arg, path in zip(args[1:], paths, strict=True):
+            why = self._not_journaled(arg, path)
+            if why:  # (before anything is restored: all of it, or nothing)
+                shown = repr(arg[:60] + ("…" if len(arg) > 60 else ""))
+                raise _verb_error(
+                    f"Nothing was restored: {shown} {why}; give the paths of journaled "
+                    "files or directories, relative to the workspace's top (each has a "
+                    ".rw/history/ entry), or no path to restore the whole workspace."
+                )
         if b"." in paths:  # the workspace's top: everything
             paths = []
         changes = self.snapshots.changes_since(snap, paths)
@@ -578,6 +587,27 @@ class Control:
             lsn = int(snap["lsn"])
             modes = await trio.to_thread.run_sync(lambda: modes_at(self.ws.store.events(), lsn=lsn))
             await self.batches.replay(f"restore-{args[0]}"[:64], changes, who, modes=modes)
+
+    def _not_journaled(self, arg: str, path: bytes) -> str:
+        """Why a path given to ``restore`` names nothing it could restore ("" if it names
+        a journaled file, or a directory holding one): a restore that silently did nothing
+        would be taken for one that worked."""
+        if not arg:
+            return "is empty"
+        if b"\0" in path:
+            return "holds a NUL byte, which no file name can"
+        if path == b".":
+            return ""
+        if len(path) > 4095 or any(len(n) > 255 for n in path.split(b"/")):  # Linux's limits
+            return "is longer than a path can be (names up to 255 bytes, paths up to 4,095)"
+        if path == b".rw" or path.startswith(b".rw/"):
+            return "is rwfs's control directory, which has no history"
+        h = self.history
+        with h.lock:  # (worker threads read the index too)
+            h.refresh()
+            if any(p == path or p.startswith(path + b"/") for p in h.paths):
+                return ""
+        return "names nothing the journal has a version of"
 
     async def _gc(self, args: list[str], who: dict[str, Any]) -> None:
         no_args(args, "gc", ".rw/ctl")
