@@ -341,3 +341,50 @@ def test_restore_of_a_path_that_names_nothing_fails(mount: Mount) -> None:
     # Unchanged since the snapshot: nothing to do, and that is no error.
     (mount.path / ".rw" / "ctl").write_bytes(b"restore s1 src/a.txt\n")
     alive(mount)
+
+
+# ---- B.2: a policy nested deeper than tomllib goes ----
+
+DEEP_POLICY = "a = " + "[" * 5000 + "]" * 5000 + "\n"
+
+
+def test_a_deep_policy_is_a_policy_error() -> None:
+    from rwfs.policy import PolicyError
+
+    for text in (DEEP_POLICY, "[gates]\nx = " + "{a = " * 5000 + "1" + "}" * 5000 + "\n"):
+        with pytest.raises(PolicyError, match="nested deeper than it can be read"):
+            Policy.parse(text)
+
+
+def test_a_deep_policy_through_the_mount_is_einval(mount: Mount) -> None:
+    pol = mount.path / ".rw" / "policy.toml"
+    before = pol.read_text()
+    with pytest.raises(OSError) as caught:
+        pol.write_text(DEEP_POLICY)
+    assert caught.value.errno == errno.EINVAL
+    env = last_error(mount)
+    assert env["path"] == ".rw/policy.toml" and "nested deeper" in env["message"]
+    assert env["message"].startswith("The policy was not changed")
+    assert pol.read_text() == before
+    alive(mount)
+
+
+def test_a_deep_policy_at_mount_time_is_a_clear_error(tmp_path: Path) -> None:
+    import subprocess
+
+    from conftest import RWFS, rwfs_mounted
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    prepare_state(ws, DEEP_POLICY)
+    try:
+        res = subprocess.run([*RWFS, "mount", str(ws)], capture_output=True, text=True, timeout=60)
+    finally:
+        if rwfs_mounted(str(ws)):
+            subprocess.run(["fusermount3", "-u", str(ws)], capture_output=True)
+            raise AssertionError("mounted with a policy it cannot read")
+    assert res.returncode != 0
+    assert ".rw/policy.toml: policy.toml is nested deeper than it can be read" in res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    assert (ws / ".rw" / "policy.toml").read_text() == DEEP_POLICY  # left as it was

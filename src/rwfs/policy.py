@@ -324,6 +324,10 @@ class Policy:
             raw: dict[str, Any] = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError(f"policy.toml is not valid TOML: {exc}") from None
+        except (RecursionError, MemoryError):  # tomllib recurses: a few thousand levels
+            raise PolicyError(
+                "policy.toml is nested deeper than it can be read (no setting nests more than four levels)"
+            ) from None
         for key, value in raw.items():
             if key in RANGES:
                 _check_number(key, value)
