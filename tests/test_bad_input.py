@@ -388,3 +388,55 @@ def test_a_deep_policy_at_mount_time_is_a_clear_error(tmp_path: Path) -> None:
     assert ".rw/policy.toml: policy.toml is nested deeper than it can be read" in res.stderr
     assert "Traceback" not in res.stderr, res.stderr
     assert (ws / ".rw" / "policy.toml").read_text() == DEEP_POLICY  # left as it was
+
+
+# ---- B.6: a write over a size limit ----
+
+
+@pytest.mark.parametrize("name", ["policy.toml", "handoff"])
+def test_a_control_write_over_its_limit_is_refused_whole(mount: Mount, name: str) -> None:
+    """A single write() over a control file's limit (1 MiB): the kernel sends it in
+    pieces and reports the pieces before the limit as a short count, which a writer may
+    not check; then close() used to return 0 with nothing applied. Now the next write and
+    close() fail with EFBIG, and the envelope says nothing was applied."""
+    f = mount.path / ".rw" / name
+    before = f.read_bytes()
+    text = b"# " + b"x" * (1 << 20) + b"\n"
+    fd = os.open(f, os.O_WRONLY | os.O_TRUNC)
+    try:
+        try:
+            n = os.write(fd, text)
+        except OSError as exc:
+            assert exc.errno == errno.EFBIG
+        else:
+            assert n < len(text)  # short: the part the kernel sent before the limit
+            with pytest.raises(OSError) as again:
+                os.write(fd, text[n:])
+            assert again.value.errno == errno.EFBIG
+    finally:
+        with pytest.raises(OSError) as closed:
+            os.close(fd)
+    assert closed.value.errno == errno.EFBIG
+    env = last_error(mount)
+    assert (env["errno"], env["path"], env["details"]) == (
+        "EFBIG",
+        f".rw/{name}",
+        {"limit": 1 << 20},
+    )
+    assert env["message"].startswith(f"Nothing you wrote to .rw/{name} was applied")
+    assert "1 MiB" in env["message"]
+    assert not (mount.path / ".rw" / "why" / name).exists()  # not a workspace file's
+    if name == "policy.toml":
+        assert f.read_bytes() == before
+    else:
+        assert b"x" * 100 not in f.read_bytes()
+    # Python's buffered writer retries the rest, and raises.
+    with pytest.raises(OSError) as caught:
+        with open(f, "wb") as out:
+            out.write(text)
+    assert caught.value.errno == errno.EFBIG
+    # Within the limit, a write is taken.
+    if name == "policy.toml":
+        f.write_bytes(before + b"# fits\n")
+        assert f.read_bytes() == before + b"# fits\n"
+    alive(mount)

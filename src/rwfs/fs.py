@@ -24,7 +24,7 @@ import trio
 
 from . import beneath, kernelflags, notice, parsers
 from .batches import Batches
-from .control import CDir, CFile, Control
+from .control import CDir, CFile, CNode, Control
 from .files import Files
 from .inodes import ROOT, Inode, InodeTable
 from .objects import EMPTY_DIGEST
@@ -163,6 +163,35 @@ class ControlHandle:
     # A verb that failed: (offset, bytes, errno). Buffered writers (Python's, for one)
     # write the same bytes again when closing after a failed write; that is no new verb.
     failed: tuple[int, bytes, int] | None = None
+
+
+def _where(top: CDir, node: CNode) -> str | None:
+    """The ``.rw/`` path of a writable control file: at the top, in ``scratch/`` or in
+    ``chunks/NAME/`` (the only places that take files)."""
+    todo = [(b".rw", top)]
+    while todo:
+        at, d = todo.pop()
+        for name, child in d.children.items():
+            if child is node:
+                return os.fsdecode(at + b"/" + name)
+            if isinstance(child, CDir) and (d is not top or name in (b"scratch", b"chunks")):
+                todo.append((at + b"/" + name, child))
+    return None
+
+
+def _too_large(h: ControlHandle, top: CDir) -> RwfsError:
+    name = _where(top, h.node) or ".rw/" + os.fsdecode(h.node.name)
+    limit = h.node.max_bytes
+    size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit:,} bytes"
+    return RwfsError(
+        errno.EFBIG,
+        "quota_exceeded",
+        "too_large",
+        f"Nothing you wrote to {name} was applied, because the text is larger "
+        f"than its limit of {size}; it is as it was before: write at most {size}, in full.",
+        path=name,
+        details={"limit": limit},
+    )
 
 
 @dataclass(eq=False)
@@ -893,7 +922,7 @@ class Operations(pyfuse3.Operations):
             end = off + len(buf)
             if end > h.node.max_bytes or h.failed is not None:
                 h.failed = (off, buf, errno.EFBIG)  # nothing of it is applied at close
-                raise pyfuse3.FUSEError(errno.EFBIG)
+                raise _too_large(h, self.control.root)
             if len(h.written) < end:
                 h.written.extend(b"\0" * (end - len(h.written)))
             h.written[off:end] = buf
@@ -1070,7 +1099,11 @@ class Operations(pyfuse3.Operations):
             # Like a file's commit point: only a flush after a write applies the text (a
             # shell closes a duplicate descriptor before it writes anything).
             if h.failed is not None:
-                return  # a write was refused: the text is not applied
+                if h.failed[2] == errno.EFBIG:
+                    # The kernel reported the part before the limit as a short write, which
+                    # a writer may not check: close() says that none of it was applied.
+                    raise _too_large(h, self.control.root)
+                return  # a verb was refused: the write said so
             if h.dirty and h.written is not None and h.node.write is not None:
                 h.dirty = False
                 await h.node.write(bytes(h.written), h.who)
