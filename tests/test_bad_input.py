@@ -440,3 +440,44 @@ def test_a_control_write_over_its_limit_is_refused_whole(mount: Mount, name: str
         f.write_bytes(before + b"# fits\n")
         assert f.read_bytes() == before + b"# fits\n"
     alive(mount)
+
+
+def test_a_file_over_the_limit_with_a_commit_queued_stays_journaled(tmp_path: Path) -> None:
+    """A file written past max_journaled_bytes is journaled until its commit lands. An
+    O_TRUNC open (or a truncate) while that commit was still queued took the file for an
+    unjournaled one and truncated the tree's file in place, under the queued commit: the
+    commit then landed, and the next write went over its bytes (3,000 new bytes and 2,000
+    old ones), with the tree emptied and fsck finding a drift."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    prepare_state(
+        ws,
+        DEFAULT_TEXT.replace("max_journaled_bytes = 268435456", "max_journaled_bytes = 1000")
+        # Commits stay queued until a sync: the window where it happened, made wide.
+        .replace("commit_interval_ms = 500", "commit_interval_ms = 60000"),
+    )
+    m = Mount(ws).start()
+    try:
+        f = m.path / "f.txt"
+        f.write_bytes(b"a" * 500)
+        (m.path / ".rw" / "ctl").write_text("sync\n")
+        f.write_bytes(b"b" * 5000)  # over the limit, journaled: its commit is queued
+        f.write_bytes(b"c" * 3000)  # O_TRUNC, then a write
+        assert f.read_bytes() == b"c" * 3000
+        f.write_bytes(b"d" * 4000)
+        os.truncate(f, 10)  # a truncate(2) with a commit queued
+        assert f.read_bytes() == b"d" * 10
+        (m.path / ".rw" / "ctl").write_text("sync\n")
+        sizes = [e["size"] for e in journal(m) if e["op"] == "write" and e["path"] == "f.txt"]
+        assert sizes[:4] == [500, 5000, 3000, 4000] and sizes[-1] == 10
+        # Landed and over the limit: an O_TRUNC open now empties the tree's file in place.
+        f.write_bytes(b"e" * 5000)
+        (m.path / ".rw" / "ctl").write_text("sync\n")
+        f.write_bytes(b"g" * 2000)
+        assert f.read_bytes() == b"g" * 2000
+        shown = f.read_bytes()
+        alive(m)
+    finally:
+        m.stop()
+    assert (ws / "f.txt").read_bytes() == shown
+    check_clean(m)

@@ -569,7 +569,7 @@ class Operations(pyfuse3.Operations):
         i = self._inode(inode)
         path = i.path if i.paths else None  # None: removed, still open (or just removed)
         st = self._stat(i)
-        journaled = path is not None and self.files.journaled(path, st, i.is_dir)
+        journaled = path is not None and self._journaled(i, st)
         if (
             fields.update_size
             and journaled
@@ -808,7 +808,7 @@ class Operations(pyfuse3.Operations):
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         # Size and link count matter only to a writer: a reader (grep opens every file)
         # is spared a stat.
-        journaled = self.files.journaled(i.path, self._stat(i) if writable else None)
+        journaled = self._journaled(i, self._stat(i) if writable else None)
         if not i.virtual:
             self.files.open_backing(i, writable and not journaled)
         i.handles += 1
@@ -975,7 +975,17 @@ class Operations(pyfuse3.Operations):
         st = os.fstat(i.fd)
         if not i.paths:  # its names here are gone, and no other was found in the workspace
             return st.st_nlink >= 1  # (a name outside it: the file lives on, unjournaled)
-        return not self.files.journaled(i.path, st)
+        return not self._journaled(i, st)
+
+    def _journaled(self, i: Inode, st: os.stat_result | None) -> bool:
+        """Whether a change to the file goes through a stage. Its size decides (policy
+        ``max_journaled_bytes``), except while a stage or a queued commit holds its bytes:
+        the tree does not hold what the mount shows then, and a change made in place
+        would go under that commit and be lost when it lands (an O_TRUNC open of a big
+        file just written was, and the file ended a mix of both writes)."""
+        if i.stage is not None or i.pending is not None:
+            st = None  # journaled, unless a glob says otherwise
+        return self.files.journaled(i.path, st, i.is_dir)
 
     async def _to_change(self, i: Inode, who: dict[str, Any], end: int = 0) -> Stage | None:
         """The open stage a change to the file's bytes goes to; None: the file is changed
