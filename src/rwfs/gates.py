@@ -699,7 +699,8 @@ def where(data: bytes, offset: int) -> dict[str, int]:
     """The 1-based line and column (in characters of the line read as UTF-8) of a byte
     offset: how a finding points at what it found without copying it."""
     start = data.rfind(b"\n", 0, offset) + 1
-    column = len(data[start:offset].decode("utf-8", "replace")) + 1
+    before = data[start:offset]
+    column = (len(before) if before.isascii() else len(before.decode("utf-8", "replace"))) + 1
     return {"line": data.count(b"\n", 0, start) + 1, "column": column}
 
 
