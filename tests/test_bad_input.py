@@ -91,6 +91,9 @@ def test_check_turns_a_gate_that_cannot_judge_into_a_finding() -> None:
     assert [f.action for f in gates.check(b"deep.json", old, new, strict.gate)] == ["reject"]
     off = Policy.parse('[gates.cannot_judge]\naction = "off"\n')
     assert gates.check(b"deep.json", old, new, off.gate) == []
+    per_path = Policy.parse('[[gates.override]]\npaths = ["gen/**"]\ncannot_judge = "reject"\n')
+    assert [f.action for f in gates.check(b"gen/deep.json", old, new, per_path.gate)] == ["reject"]
+    assert [f.action for f in gates.check(b"deep.json", old, new, per_path.gate)] == ["warn"]
 
     def broken(*args: object) -> None:
         raise KeyError("a secret value")
