@@ -159,6 +159,7 @@ def test_no_planted_secret_leaves_its_file(tmp_path: Path, mode: str) -> None:
             env = json.loads((m.path / ".rw" / "last-error").read_text())
             assert env["reason_hint"] == "secrets" and env["errno"] == errno.errorcode[74]
             assert env["details"]["matches"] and "line 2, column 13" in env["message"]
+            assert "take the secret out of the text" in env["suggested_action"]
         else:
             assert res.returncode == 0, res.stderr
             assert target.read_text() == TEXT

@@ -816,7 +816,12 @@ class Workspace:
         # older one. (Not when the journal is failing: the event waits in the queue.)
         with contextlib.suppress(RwfsError, JournalUnavailable):
             await self.sync()
-        if left > 0:
+        if first.gate == "secrets":  # (re-applying the same edit would bring it back)
+            todo = (
+                "take the secret out of the text, or keep it in .rw/scratch/, outside the "
+                f"tree, and write the file again; your draft is at {draft}"
+            )
+        elif left > 0:
             todo = f"read {name} again and re-apply your edit in full; your draft is at {draft}"
         else:
             todo = (
