@@ -108,12 +108,6 @@ def test_check_turns_a_gate_that_cannot_judge_into_a_finding() -> None:
     assert "secret value" not in found.message  # an exception's text is never quoted
 
 
-def agree(m: Mount, name: str) -> bytes:
-    """The file's bytes through the mount; the caller compares them with the tree's after
-    unmounting."""
-    return (m.path / name).read_bytes()
-
-
 @pytest.mark.parametrize("mode", ["warn", "reject"])
 def test_deep_nesting_through_a_mount(tmp_path: Path, mode: str) -> None:
     ws = tmp_path / "ws"
@@ -146,7 +140,7 @@ def test_deep_nesting_through_a_mount(tmp_path: Path, mode: str) -> None:
                 assert "nested deeper" in warning["reason"] or "memory" in warning["reason"]
             view = json.loads((m.path / ".rw" / "validate" / name).read_text())
             assert view["valid"] is (True if refused else None), (name, view)
-            shown[name] = agree(m, name)
+            shown[name] = f.read_bytes()  # compared with the tree's once unmounted
         alive(m)
     finally:
         m.stop()
