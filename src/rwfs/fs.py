@@ -512,7 +512,13 @@ class Operations(pyfuse3.Operations):
                 self._procs.clear()
             hit = self._procs[pid] = (tgid, comm)
         # (the thread's own pid: its ancestry is read afresh, see sessions.py)
-        return {"pid": hit[0], "comm": hit[1], "uid": ctx.uid, **self.control.sessions.tag(pid)}
+        return {
+            "pid": hit[0],
+            "comm": hit[1],
+            "uid": ctx.uid,
+            "gid": ctx.gid,  # (a refused draft is its writer's: control.py)
+            **self.control.sessions.tag(pid),
+        }
 
     def _event(self, ctx: Any, op: str, path: bytes, extra: dict[str, Any]) -> dict[str, Any]:
         ev = {"op": op, "path": fsdecode(path), "batch": None, **extra, **self._who(ctx)}
@@ -631,7 +637,10 @@ class Operations(pyfuse3.Operations):
         if changed and journaled and not i.virtual and path is not None:
             mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else None
             # Already applied: metadata changes are recorded, not staged.
-            extra = {"changed": sorted(set(changed)), "mode": mode}
+            extra: dict[str, Any] = {"changed": sorted(set(changed)), "mode": mode}
+            if "owner" in changed:  # .rw/ shows the file's versions with it (history.py)
+                now = self._stat(i)
+                extra["owner"] = [now.st_uid, now.st_gid]
             self.ws.record(self._event(ctx, "setattr", path, extra))
         return self._attr(inode, self._stat(i))
 
@@ -677,6 +686,19 @@ class Operations(pyfuse3.Operations):
             os.close(fd)
         return self._attr(inode.ino, st)
 
+    def _made_owner(self, path: bytes, ctx: Any) -> list[int]:
+        """The (uid, gid) a new entry at ``path`` gets (``_new_entry``), for its journal
+        event: .rw/ shows the file's versions with its owner (history.py)."""
+        root = os.geteuid() == 0
+        uid, gid = (ctx.uid, ctx.gid) if root else (os.geteuid(), os.getegid())
+        with contextlib.suppress(OSError):
+            parent = os.stat(
+                path.rpartition(b"/")[0] or b".", dir_fd=self.ws.root_fd, follow_symlinks=False
+            )
+            if parent.st_mode & stat.S_ISGID:
+                gid = parent.st_gid
+        return [uid, gid]
+
     def _parent_path(self, parent_inode: int, name: bytes) -> bytes:
         if self.control.get(parent_inode) is not None:
             raise pyfuse3.FUSEError(errno.EPERM)
@@ -690,8 +712,9 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
+        journaled, kind = self.files.journaled(path), stat.filemode(mode)[0]
         with self.ws.operation(
-            self.files.journaled(path), self._who(ctx), "create", path, type=stat.filemode(mode)[0]
+            journaled, self._who(ctx), "create", path, type=kind, owner=self._made_owner(path, ctx)
         ):
             os.mknod(path, mode & ~ctx.umask, rdev, dir_fd=self.ws.root_fd)
         return self._new_entry(path, ctx)
@@ -871,7 +894,13 @@ class Operations(pyfuse3.Operations):
         created, fd = False, -1
         try:
             with self.ws.operation(
-                self.files.journaled(path), who, "create", path, intended=EMPTY_DIGEST, mode=made
+                self.files.journaled(path),
+                who,
+                "create",
+                path,
+                intended=EMPTY_DIGEST,
+                mode=made,
+                owner=self._made_owner(path, ctx),
             ):
                 fd = os.open(path, how, made, dir_fd=self.ws.root_fd)
             created = True

@@ -23,6 +23,13 @@ or ``sed -i`` wrote and renamed over its target held nothing but the target's ne
 so it is not listed (it can still be looked up by name). The empty version a ``create``
 gives a new file is not listed once the file has other bytes.
 
+Each version also carries the file's owner and mode bits while it held those bytes, as far
+as the journal tells them (``write``, ``create``, ``unlink`` and ``setattr`` events record
+``mode``; ``create`` and a chown's ``setattr`` record ``owner``): ``.rw/`` shows a version
+with them, so that no one reads through it what they could not read in the tree (SPEC
+§3.3b). A ``chmod`` or ``chown`` applies to the version the file holds then; renames carry
+them along.
+
 Bytes of old versions live in the object store (the pre-images every commit keeps); the
 newest is the live file. ``History`` is an index over the events, brought up to date
 incrementally.
@@ -31,6 +38,7 @@ incrementally.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import os
 import threading
@@ -62,6 +70,8 @@ class Version:
     ts: str
     digest: str | None  # None: the path did not exist from this LSN on
     made: bool = False  # the empty file a create made
+    owner: tuple[int, int] | None = None  # (uid, gid); None: not recorded
+    mode: int | None = None  # permission bits; None: not recorded
 
     @property
     def name(self) -> str:
@@ -80,6 +90,8 @@ class History:
         self._listed: tuple[int, set[bytes]] | None = None
         self._holding: tuple[int, dict[str, list[bytes]]] | None = None  # digest -> paths
         self.moved_away: set[bytes] = set()  # paths whose file was last renamed elsewhere
+        # path -> (owner, mode) last recorded for its file (Version.owner, Version.mode)
+        self.meta: dict[bytes, tuple[tuple[int, int] | None, int | None]] = {}
         self.lock = threading.RLock()
 
     @_locked
@@ -101,12 +113,29 @@ class History:
     ) -> None:
         """Give ``path`` these bytes from this event on; ``before``: the bytes it held
         before rwfs journaled it, if this is its first event (version 0)."""
+        owner, mode = self._meta(path, ev)
         got = self.paths.get(path)
         if got is None:
-            got = self.paths[path] = [Version(0, ev["ts"], before)] if before else []
+            got = self.paths[path] = (
+                [Version(0, ev["ts"], before, False, owner, mode)] if before else []
+            )
         if not got or got[-1].digest != digest:
-            got.append(Version(ev["lsn"], ev["ts"], digest, made))
+            got.append(Version(ev["lsn"], ev["ts"], digest, made, owner, mode))
+        elif (got[-1].owner, got[-1].mode) != (owner, mode):
+            got[-1] = dataclasses.replace(got[-1], owner=owner, mode=mode)
         self.moved_away.discard(path)
+
+    def _meta(self, path: bytes, ev: dict[str, Any]) -> tuple[tuple[int, int] | None, int | None]:
+        """The owner and mode of ``path``'s file after ``ev``: what it records, else what
+        was known before. (A rename's event records neither: the moved file keeps its.)"""
+        owner, mode = self.meta.get(path, (None, None))
+        if ev["op"] != "rename":
+            if ev.get("mode") is not None:
+                mode = ev["mode"]
+            if ev.get("owner") is not None:
+                owner = (int(ev["owner"][0]), int(ev["owner"][1]))
+        self.meta[path] = (owner, mode)
+        return owner, mode
 
     def _now(self, path: bytes) -> str | None:
         got = self.paths.get(path)
@@ -126,6 +155,12 @@ class History:
             self._add(path, ev, ev["intended"])  # a new name of a file, with its bytes
         elif op == "unlink":
             self._add(path, ev, None, ev.get("expected"))
+        elif op == "setattr":  # a chmod or chown: of the bytes the file holds now
+            got = self.paths.get(path)
+            if got and got[-1].digest is not None:
+                self._add(path, ev, got[-1].digest)
+            else:
+                self._meta(path, ev)
         elif op == "rename":
             dest = os.fsencode(ev["dest"])
             if ev.get("exchange"):
@@ -138,6 +173,8 @@ class History:
 
     def _move(self, moves: dict[bytes, tuple[bytes, str | None]], ev: dict[str, Any]) -> None:
         """``moves``: destination -> (source, the bytes it gets; None: nothing came)."""
+        # The sources' owners and modes before any moves (an exchange swaps them).
+        before = {src: self.meta.get(src, (None, None)) for src, _ in moves.values()}
         for d, (src, digest) in moves.items():
             if digest is None:
                 if d in self.paths:
@@ -145,6 +182,7 @@ class History:
                     self.moved_away.add(d)
                 continue
             self.origins.setdefault(d, []).append((ev["lsn"], src))
+            self.meta[d] = before.get(src, (None, None))
             self._add(d, ev, digest)
 
     def _rename(self, src: bytes, dest: bytes, ev: dict[str, Any]) -> None:
@@ -247,6 +285,14 @@ class History:
             for p in (self.listed() if listed else self.paths)
             if p.startswith(start) and len(p) > len(start)
         }
+
+    @_locked
+    def version_at(self, path: bytes, lsn: int) -> Version | None:
+        """The version of ``path``'s timeline at ``lsn`` (None: no event gave it bytes)."""
+        self.refresh()
+        got = self.paths.get(path, [])
+        i = bisect.bisect_right([v.lsn for v in got], lsn)
+        return got[i - 1] if i else None
 
     @_locked
     def state_at(self, path: bytes, lsn: int) -> tuple[bool, str | None]:

@@ -56,8 +56,9 @@ values are listed here, and this docstring is the canonical reference for them.
                  ``parts`` maps ``part-NNN`` to the digest of its bytes (an object).
 ``handoffs``   — u64 id → JSON ``{id, ts, lsn, note, last_good_state}``: ``note`` is the
                  digest of the Markdown written; ``last_good_state`` lists ``{path, sha256}``.
-``refused``    — u64 LSN of a ``refuse`` event → JSON ``{path, draft, intended}``: the
-                 refused drafts (``.rw/rejected/``, kept by gc; ``draft`` may be null),
+``refused``    — u64 LSN of a ``refuse`` event → JSON ``{path, draft, intended, uid,
+                 gid}``: the refused drafts (``.rw/rejected/``, kept by gc; ``draft`` may
+                 be null; ``uid``, ``gid``: the writer's, null in older stores),
                  so that a mount need not read every event for them. Built from
                  ``events`` once, when a store that predates it is opened (``meta``
                  ``b"index:refused"`` marks it done).
@@ -189,7 +190,7 @@ class Txn:
 
     def _index(self, event: dict[str, Any]) -> None:
         if event["op"] == "refuse":
-            row = {k: event.get(k) for k in ("path", "draft", "intended")}
+            row = {k: event.get(k) for k in ("path", "draft", "intended", "uid", "gid")}
             self._t.put(u64(event["lsn"]), json.dumps(row).encode(), db=self._s.db[b"refused"])
 
     def new_receipt(self, receipt: dict[str, Any]) -> int:

@@ -809,7 +809,8 @@ class Workspace:
                     "intended": intended,
                     "draft": draft_id,
                     "retry_budget": left,
-                    **{k: info[k] for k in ("pid", "comm", "uid", "session") if k in info},
+                    # (uid, gid: the draft is its writer's, .rw/rejected/ shows it so)
+                    **{k: info[k] for k in ("pid", "comm", "uid", "gid", "session") if k in info},
                 }
             )
         # The refusal's LSN, for the envelope: an agent can tell its own refusal from an
@@ -845,6 +846,8 @@ class Workspace:
             batch=None,
             pid=info.get("pid"),
             comm=info.get("comm"),
+            uid=info.get("uid"),
+            gid=info.get("gid"),
         )
 
     async def stale_conflict(
