@@ -46,7 +46,11 @@ class CNode:
     name: bytes
 
 
-# A control file's writer: the text, and who wrote it ({"pid", "comm", "uid"}).
+# The owner, group and permission bits an entry shows (SPEC §3.3b): the kernel checks them
+# (rwfs mounts with default_permissions). A writable file gets its owner's write bit too.
+Perm = tuple[int, int, int]
+
+# A control file's writer: the text, and who wrote it ({"pid", "comm", "uid", "gid"}).
 Writer = Callable[[bytes, dict[str, Any]], Awaitable[None]]
 # A verb of a ``ctl`` file: its arguments, and who wrote it.
 Verb = Callable[[list[str], dict[str, Any]], Awaitable[None]]
@@ -148,6 +152,7 @@ class CFile(CNode):
     # (st_size, st_mtime_ns) of bytes that are fixed, known without rendering them; None:
     # generated, sized by rendering.
     stat: Callable[[], tuple[int, int]] | None = None
+    perm: Callable[[], Perm] | None = None  # None: the daemon's, 0444 (0644 if writable)
     # What render() last made ((length, hash) of the bytes) and since when: the mtime of a
     # generated file, so that it moves only when its bytes change (tar checks it).
     seen: tuple[tuple[int, int], int] | None = None
@@ -181,6 +186,7 @@ class CDir(CNode):
     # A name not among the children: made on lookup (history/ of a path it does not list).
     find: Callable[[bytes], CNode | None] | None = None
     unlisted: set[bytes] = field(default_factory=set)  # children readdir does not show
+    perm: Callable[[], Perm] | None = None  # None: the daemon's, 0755
 
 
 class Control:
@@ -214,24 +220,32 @@ class Control:
             (b"journal", self._journal),
             (b"stats", lambda: _json(self.ws.stats.report())),
         ):
-            self.add(self.root, name, render).fresh = True
+            node = self.add(self.root, name, render)
+            node.fresh, node.perm = True, self.private
         self.add(self.root, b"policy.toml", lambda: ws.policy.text.encode(), self._write_policy)
         self.add(
             self.root, b"last-error", lambda: _json(self.last_error) if self.last_error else b""
-        )
+        ).perm = self.private
         self.verbs: dict[str, Verb] = {"sync": self._sync}
         self.add(self.root, b"ctl", lambda: b"", verb_file(self.verbs, ".rw/ctl"), verbs=True)
+        top = functools.partial(self.dir_perm, b"")  # views of the workspace's top
         for view in ("validate", "risk"):
-            self.mkdir(self.root, view.encode()).mirror = (view, b"")
+            d = self.mkdir(self.root, view.encode())
+            d.mirror, d.perm = (view, b""), top
         self.rejected = self.mkdir(self.root, b"rejected")
+        # Listed by the workspace owner only (a draft's id holds a prefix of its digest);
+        # a writer finds its own draft's id in the refusal's envelope.
+        self.rejected.perm = lambda: (*self.ws_owner(), 0o711)
         self.why = self.mkdir(self.root, b"why")
+        self.why.perm = top
         self._why_paths: set[str] = set()  # paths whose why/ entry is a refusal
-        self.add(self.root, b"notices", self._notices)
+        self.add(self.root, b"notices", self._notices).perm = self.private
         self.batches_dir = BatchViews(self, self.mkdir(self.root, b"batches"))
         self.conflicts_dir = ConflictViews(self, self.mkdir(self.root, b"conflicts"))
         self.history = History(ws.store)
         self.history_dir = self.mkdir(self.root, b"history")
         HistoryViews(self, self.history_dir, b"")
+        self.history_dir.perm = top
         self.snapshots = SnapshotViews(self, self.mkdir(self.root, b"snapshots"))
         self.verbs["undo"] = self._undo
         self.sessions = Sessions()
@@ -240,9 +254,74 @@ class Control:
         self.verbs["gc"] = self._gc
         for layer in (scratch, chunks, handoff):  # the paper's other layers (SPEC §8)
             layer.install(self)
+        # The handoff note's last_good_state names files and their digests.
+        for name in (b"handoff", b"handoffs"):
+            entry = self.root.children.get(name)
+            if isinstance(entry, CFile):
+                entry.perm = self.private
+            elif isinstance(entry, CDir):
+                entry.perm = lambda: as_dir(self.private())
         for r in ws.store.refusals():  # drafts refused in earlier mounts stay listed
             if r["draft"]:
-                self._add_rejected(r["draft"], r["intended"])
+                self._add_rejected(r["draft"], r["intended"], r.get("uid"), r.get("gid"))
+
+    # ---- who may read what (SPEC §3.3b; docs/security.md) ----
+
+    def ws_owner(self) -> tuple[int, int]:
+        """The workspace owner: the owner and group of the workspace's top directory."""
+        st = os.fstat(self.ws.root_fd)
+        return st.st_uid, st.st_gid
+
+    def private(self) -> Perm:
+        """The journal and what is made from it (status, stats, last-error, notices, the
+        handoff note): the workspace owner's, unless ``journal_readable_by = "all"``."""
+        shared = self.ws.policy.journal_readable_by == "all"
+        return (*self.ws_owner(), 0o444 if shared else 0o400)
+
+    def dir_perm(self, path: bytes) -> Perm:
+        """A directory of ``.rw/`` that stands for the workspace directory ``path``: its
+        owner, group and mode. One that is gone: the workspace owner's alone."""
+        try:
+            st = os.stat(path or b".", dir_fd=self.ws.root_fd, follow_symlinks=False)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o777
+        return (*self.ws_owner(), 0o700)
+
+    def file_perm(
+        self, path: bytes, owner: tuple[int, int] | None = None, mode: int | None = None
+    ) -> Perm:
+        """An entry that shows the bytes or metadata of the file at ``path``: the owner and
+        mode recorded for them (a version's), else the live file's, else the last ones
+        the journal knows; the workspace owner's alone when nothing is known. Read-only."""
+        if owner is None or mode is None:
+            try:
+                st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode):
+                owner = owner or (st.st_uid, st.st_gid)
+                mode = stat.S_IMODE(st.st_mode) if mode is None else mode
+            else:
+                known, last = self.history.meta.get(path, (None, None))
+                owner, mode = owner or known, last if mode is None else mode
+        if owner is None:
+            owner = self.ws_owner()
+        return (*owner, (0o600 if mode is None else mode) & 0o444)
+
+    def history_perm(self, path: bytes) -> Perm:
+        """``history/PATH/``: a directory's owner and mode; for a file's versions (their
+        names hold a prefix of their digests) the file's, listable by who may read it."""
+        try:
+            st = os.stat(path or b".", dir_fd=self.ws.root_fd, follow_symlinks=False)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o777
+        if path in self.history.paths:
+            return as_dir(self.file_perm(path))
+        return (*self.ws_owner(), 0o700)  # a directory that is gone
 
     def add(
         self,
@@ -293,11 +372,13 @@ class Control:
         if stat.S_ISDIR(mode):
             node = self.mkdir(parent, name)
             node.mirror = (view, path)
+            node.perm = functools.partial(self.dir_perm, path)
         elif stat.S_ISREG(mode):
             node = self.add(parent, name, lambda: _json(self._diagnose(view, path)))
             node.slow = node.fresh = True
             node.shows = path
             node.render_shown = lambda fd: _json(self._diagnose(view, path, fd))
+            node.perm = functools.partial(self.file_perm, path)
         return node
 
     def _diagnose(self, view: str, path: bytes, shown: int = -1) -> dict[str, Any]:
@@ -335,18 +416,33 @@ class Control:
         self.nodes[node.ino] = node
         return node
 
-    def _put(self, top: CDir, path: str, render: Callable[[], bytes]) -> None:
-        """Add (or refresh) a read-only file at ``top/path``, making directories on the way."""
+    def _put(
+        self,
+        top: CDir,
+        path: str,
+        render: Callable[[], bytes],
+        perm: Callable[[], Perm] | None = None,
+    ) -> None:
+        """Add (or refresh) a read-only file at ``top/path``, making directories on the way;
+        with ``perm``, those directories mirror the workspace's (why/)."""
         *dirs, name = os.fsencode(path).split(b"/")
+        where = b""
         for d in dirs:
             top = self.mkdir(top, d)
+            where = where + b"/" + d if where else d
+            if perm is not None:
+                top.perm = functools.partial(self.dir_perm, where)
         node = top.children.get(name)
         if isinstance(node, CFile):
             node.render = render
         elif node is None:
-            self.add(top, name, render)
+            node = self.add(top, name, render)
+        if isinstance(node, CFile) and perm is not None:
+            node.perm = perm
 
-    def _add_rejected(self, draft_id: str, digest: str) -> None:
+    def _add_rejected(
+        self, draft_id: str, digest: str, uid: int | None = None, gid: int | None = None
+    ) -> None:
         def render() -> bytes:
             fd = self.ws.objects.open(digest)
             try:
@@ -359,6 +455,11 @@ class Control:
         assert isinstance(node, CFile)
         refused = stamp_ns(draft_id[:16], "%Y%m%dT%H%M%SZ")  # the id starts with its time
         node.stat = lambda: (object_stat(self.ws, digest)[0], refused)
+        # The writer's alone (the workspace owner's, for a refusal recorded without them).
+        node.perm = lambda: (
+            *((uid, gid) if uid is not None and gid is not None else self.ws_owner()),
+            0o400,
+        )
 
     def _holders(self, digest: str, path: bytes) -> list[bytes]:
         """The paths the journal says hold ``digest`` now, ``path`` first: where an old
@@ -424,10 +525,15 @@ class Control:
         body = _json(env)
         for name in (path, env.get("source") or ""):  # (source: a refused rename's)
             if name and not name.startswith(".rw"):
-                self._put(self.why, name, lambda: body)
+                self._put(self.why, name, lambda: body, self._perm_of(name))
                 self._why_paths.add(name)
         if env.get("draft"):
-            self._add_rejected(env["draft"].rsplit("/", 1)[-1], env["intended"])
+            draft = env["draft"].rsplit("/", 1)[-1]
+            self._add_rejected(draft, env["intended"], env.get("uid"), env.get("gid"))
+
+    def _perm_of(self, name: str) -> Callable[[], Perm]:
+        """The file's own owner and mode, for what shows its metadata (why/, conflicts/)."""
+        return functools.partial(self.file_perm, os.fsencode(name))
 
     def succeeded(self, path: bytes, intended: str | None = None, lsn: int = 0) -> None:
         """A write of ``path`` went through: its ``why/`` entry, if it has one, says so now,
@@ -447,7 +553,7 @@ class Control:
             "longer applies.",
         }
         body = _json(env)
-        self._put(self.why, name, lambda: body)
+        self._put(self.why, name, lambda: body, self._perm_of(name))
 
     # ---- views ----
 
@@ -680,6 +786,12 @@ class Control:
         self.ws.policy = policy
 
 
+def as_dir(perm: Perm) -> Perm:
+    """A directory that stands for a file: whoever may read the file may list it."""
+    uid, gid, mode = perm
+    return uid, gid, (mode & 0o444) | ((mode & 0o444) >> 2)
+
+
 def _constant(data: bytes) -> Callable[[], bytes]:
     return lambda: data
 
@@ -743,8 +855,10 @@ class BatchViews:
     def _add(self, name: str) -> None:
         b = self.c.batches
         d = self.c.mkdir(self.top, name.encode())
-        self.c.add(d, b"status", lambda: _json(b.status(b.all[name])))
-        self.c.add(d, b"diff", lambda: b.diff(b.all[name])).slow = True
+        status = self.c.add(d, b"status", lambda: _json(b.status(b.all[name])))
+        diff = self.c.add(d, b"diff", lambda: b.diff(b.all[name]))
+        diff.slow = True
+        status.perm = diff.perm = functools.partial(self._opener, name)
         where = f".rw/batches/{name}/ctl"
 
         def plain(run: Callable[[Any], Awaitable[None]], verb: str) -> Verb:
@@ -766,6 +880,17 @@ class BatchViews:
             "scope": scope,
         }
         self.c.add(d, b"ctl", lambda: b"", verb_file(verbs, where), verbs=True)
+
+    def _opener(self, name: str) -> Perm:
+        """A batch's status and diff (its files' names, digests and bytes): its opener's
+        alone; the workspace owner's for a batch rwfs opened itself (recovery)."""
+        batch = self.c.batches.all.get(name)
+        who = batch.record.get("opened_by") or {} if batch is not None else {}
+        if isinstance(who.get("uid"), int) and isinstance(who.get("gid"), int):
+            return who["uid"], who["gid"], 0o400
+        if isinstance(who.get("uid"), int):  # (opened before gids were recorded)
+            return who["uid"], self.c.ws_owner()[1], 0o400
+        return (*self.c.ws_owner(), 0o400)
 
     async def _resume(self, batch: Any) -> None:
         await self.c.batches.resume(batch)
@@ -803,15 +928,22 @@ class ConflictViews:
     def _add(self, info: dict[str, Any]) -> None:
         ws = self.c.ws
         d = self.c.mkdir(self.top, str(info["id"]).encode())
-        self.c.add(d, b"info", _constant(_json({**info, "time": info["ts"]})))
+        # Every file but ctl shows the file's bytes or digests: it has the file's owner and
+        # mode (the directory's names are fixed, and ctl stays the daemon's).
+        perm = self.c._perm_of(info.get("path") or "")
+        self.c.add(d, b"info", _constant(_json({**info, "time": info["ts"]}))).perm = perm
         for name, digest in ((b"base", info["expected"]), (b"intended", info["intended"])):
             node = self.c.add(d, name, functools.partial(conflicts.object_bytes, ws, digest))
-            node.slow = True
+            node.slow, node.perm = True, perm
             if digest is not None:  # (an absent file reads as empty)
                 node.stat = functools.partial(object_stat, ws, digest)
         # The live file, or a batch's draft kept as an object: sized by rendering it.
-        self.c.add(d, b"actual", lambda: conflicts.actual_bytes(ws, info)).slow = True
-        self.c.add(d, b"merged", lambda: conflicts.merged(ws, info)).slow = True
+        for name, render in (
+            (b"actual", lambda: conflicts.actual_bytes(ws, info)),
+            (b"merged", lambda: conflicts.merged(ws, info)),
+        ):
+            node = self.c.add(d, name, render)
+            node.slow, node.perm = True, perm
         where = f".rw/conflicts/{info['id']}/ctl"
 
         def settle(verb: str) -> Verb:
@@ -835,6 +967,7 @@ class HistoryViews:
         self.node = node
         self.prefix = prefix
         node.refresh, node.settle, node.find = self.refresh, True, self.find
+        node.perm = functools.partial(control.history_perm, prefix)
 
     def _path(self, name: bytes) -> bytes:
         return self.prefix + b"/" + name if self.prefix else name
@@ -870,9 +1003,12 @@ class HistoryViews:
             if key not in wanted:  # gone by gc, or no longer a version of this path
                 self.c.remove(self.node, key)
         for key, v in wanted.items():
-            if key not in self.node.children:
+            node = self.node.children.get(key)
+            if not isinstance(node, CFile):
                 node = self.c.add(self.node, key, self._reader(v))
                 node.slow, node.stat = True, self._stat(v)
+            # The version's owner and mode (a later chmod of these bytes included).
+            node.perm = functools.partial(self.c.file_perm, self.prefix, v.owner, v.mode)
 
     def _stat(self, v: Version) -> Callable[[], tuple[int, int]]:
         """The size of a version's bytes (the object's, or the live file's that holds
@@ -989,6 +1125,7 @@ class TreeView:
         self.prefix = prefix
         self.top = top  # .rw/snapshots/NAME/tree, for error envelopes
         node.refresh, node.settle = self.refresh, True
+        node.perm = functools.partial(control.dir_perm, prefix)
 
     def _entries(self) -> dict[bytes, str | None]:
         """name -> "dir", or the digest of a file as it was ("live": unchanged since)."""
@@ -1041,6 +1178,15 @@ class TreeView:
                 node.slow = True
             node.render = self._reader(path, what)
             node.stat = self._stat(path, what)
+            node.perm = self._perm(path, what)
+
+    def _perm(self, path: bytes, what: str | None) -> Callable[[], Perm]:
+        """A file unchanged since: the live file's owner and mode; one changed since: those
+        of its version then."""
+        v = None if what == "live" else self.c.history.version_at(path, self.lsn)
+        if v is None:
+            return functools.partial(self.c.file_perm, path)
+        return functools.partial(self.c.file_perm, path, v.owner, v.mode)
 
     def _reader(self, path: bytes, what: str | None) -> Callable[[], bytes]:
         ws = self.c.ws

@@ -407,18 +407,24 @@ class Operations(pyfuse3.Operations):
         a.st_ino = node.ino
         a.entry_timeout = 0
         a.attr_timeout = 0
-        a.st_uid = os.getuid()
-        a.st_gid = os.getgid()
+        # The owner and mode of what the entry shows (SPEC §3.3b): the kernel checks them,
+        # since rwfs mounts with default_permissions (control.py, docs/security.md).
+        perm = node.perm() if node.perm is not None else None
+        a.st_uid, a.st_gid = perm[:2] if perm is not None else (os.getuid(), os.getgid())
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.control.mtime
         if isinstance(node, CDir):
             # A live view: a new mtime at each look makes the kernel list it again rather
             # than answer from a listing it kept (kernelflags).
             a.st_mtime_ns = time.time_ns()
-            a.st_mode = stat.S_IFDIR | 0o755
+            a.st_mode = stat.S_IFDIR | (perm[2] if perm is not None else 0o755)
             a.st_nlink = 2
         else:
-            # A verb file is every user's: each verb checks its caller's rights (rights.py).
-            a.st_mode = stat.S_IFREG | (0o666 if node.verbs else 0o644 if node.write else 0o444)
+            bits = perm[2] if perm is not None else 0o444
+            if node.verbs:  # a verb file is every user's: each verb checks its caller's rights
+                bits = 0o666  # (rights.py)
+            elif node.write:
+                bits |= 0o200
+            a.st_mode = stat.S_IFREG | bits
             a.st_nlink = 1
             a.st_size = size
             a.st_blocks = (size + 511) // 512

@@ -242,7 +242,10 @@ def serve(
     )
     if overmount:
         kernelflags.keep_written_pages()
-    fuse_opts = set(pyfuse3.default_options) | {"fsname=rwfs", "subtype=rwfs"}
+    # default_permissions: the kernel checks every access against the owner and mode
+    # rwfs reports, those of .rw/'s entries included (SPEC §3.3b; docs/security.md).
+    fuse_opts = set(pyfuse3.default_options) | {"default_permissions"}
+    fuse_opts |= {"fsname=rwfs", "subtype=rwfs"}
     given = {o for o in options - OUR_OPTIONS if not o.startswith("nice=")}  # FUSE's
     fuse_opts |= given
     try:

@@ -85,6 +85,10 @@ retain_bytes = 0
 # false: .rw/scratch/ is a deposit box (files can be written there, not read back).
 scratch_readable = true
 
+# Who may read .rw/journal, status, stats, last-error, notices and the handoff note,
+# which name every file and its digests: "owner" (the workspace's owner, and root) or "all".
+journal_readable_by = "owner"
+
 # Paths written in place, unjournaled (.gitignore syntax; a glob not starting with "/"
 # matches at any depth).
 passthrough = [
@@ -149,6 +153,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "retain_days": int,
     "retain_bytes": int,
     "scratch_readable": bool,
+    "journal_readable_by": str,
     "gates": dict,
 }
 
@@ -282,6 +287,7 @@ class Policy:
     retain_days: int = 30
     retain_bytes: int = 0
     scratch_readable: bool = True
+    journal_readable_by: str = "owner"
     gates: dict[str, Any] = field(default_factory=dict)
     text: str = DEFAULT_TEXT
 
@@ -343,6 +349,8 @@ class Policy:
             raise PolicyError('stale_write must be "warn", "conflict" or "off"')
         if raw.get("tell_writer", "auto") not in ("auto", "always", "off"):
             raise PolicyError('tell_writer must be "auto", "always" or "off"')
+        if raw.get("journal_readable_by", "owner") not in ("owner", "all"):
+            raise PolicyError('journal_readable_by must be "owner" or "all"')
         if raw.get("resume", "manual") not in ("manual", "auto"):
             raise PolicyError('resume must be "manual" or "auto"')
         name = raw.get("refusal_errno", "EBADMSG")
