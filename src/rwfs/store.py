@@ -58,7 +58,7 @@ values are listed here, and this docstring is the canonical reference for them.
                  digest of the Markdown written; ``last_good_state`` lists ``{path, sha256}``.
 ``refused``    — u64 LSN of a ``refuse`` event → JSON ``{path, draft, intended, uid,
                  gid}``: the refused drafts (``.rw/rejected/``, kept by gc; ``draft`` may
-                 be null; ``uid``, ``gid``: the writer's, null in older stores),
+                 be null; ``uid``, ``gid``: the writer's, when recorded),
                  so that a mount need not read every event for them. Built from
                  ``events`` once, when a store that predates it is opened (``meta``
                  ``b"index:refused"`` marks it done).
@@ -190,7 +190,8 @@ class Txn:
 
     def _index(self, event: dict[str, Any]) -> None:
         if event["op"] == "refuse":
-            row = {k: event.get(k) for k in ("path", "draft", "intended", "uid", "gid")}
+            row = {k: event.get(k) for k in ("path", "draft", "intended")}
+            row |= {k: event[k] for k in ("uid", "gid") if event.get(k) is not None}
             self._t.put(u64(event["lsn"]), json.dumps(row).encode(), db=self._s.db[b"refused"])
 
     def new_receipt(self, receipt: dict[str, Any]) -> int:
