@@ -309,6 +309,22 @@ def test_versions_keep_their_mode_and_the_policy_may_open_the_journal(
         assert sh(bob, f"cat {versions[-1]}").returncode != 0
         assert sh(alice, f"cat {versions[-1]}").stdout == "public now\n"
 
+        # Bob's own refusal, in a directory open to all: its envelope and draft are his,
+        # not alice's (the workspace owner's).
+        assert sh(alice, f"mkdir -m 1777 {ws}/pub").returncode == 0
+        bobs = ws / "pub" / "bob.py"
+        assert sh(bob, f"umask 077 && printf 'X = 1\n' > {bobs}").returncode == 0
+        got = sh(bob, f"printf 'X = (bob-draft\n' > {bobs}; cat {rw}/why/pub/bob.py")
+        assert got.returncode == 0, got.stderr
+        draft = ws / json.loads(got.stdout)["draft"]
+        assert (draft.stat().st_uid, draft.stat().st_gid) == bob
+        assert sh(bob, f"cat {draft}").stdout == "X = (bob-draft\n"
+        for path in (draft, rw / "why" / "pub" / "bob.py"):
+            got = sh(alice, f"cat {path}")
+            assert got.returncode != 0 and "Permission denied" in got.stderr, path
+        assert sh(bob, f"ls {rw}/rejected").returncode != 0  # (only alice lists them)
+        assert draft.name in sh(alice, f"ls {rw}/rejected").stdout
+
         # The journal is alice's (the workspace owner's) by default; the policy may open it.
         journal = rw / "journal"
         assert (journal.stat().st_uid, journal.stat().st_mode & 0o777) == (alice[0], 0o400)

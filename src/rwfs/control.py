@@ -245,7 +245,6 @@ class Control:
         self.history = History(ws.store)
         self.history_dir = self.mkdir(self.root, b"history")
         HistoryViews(self, self.history_dir, b"")
-        self.history_dir.perm = top
         self.snapshots = SnapshotViews(self, self.mkdir(self.root, b"snapshots"))
         self.verbs["undo"] = self._undo
         self.sessions = Sessions()
