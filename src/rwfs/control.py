@@ -267,7 +267,11 @@ class Control:
     # ---- who may read what (SPEC §3.3b; docs/security.md) ----
 
     def ws_owner(self) -> tuple[int, int]:
-        """The workspace owner: the owner and group of the workspace's top directory."""
+        """The workspace owner: the owner and group of the workspace's top directory. A
+        daemon not run by root stands for its own user, who reads all of rwfs's state in
+        the real ``.rw/`` anyway (and may not own the top directory)."""
+        if os.geteuid() != 0:
+            return os.geteuid(), os.getegid()
         st = os.fstat(self.ws.root_fd)
         return st.st_uid, st.st_gid
 
