@@ -348,3 +348,43 @@ def test_versions_keep_their_mode_and_the_policy_may_open_the_journal(
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_what_is_gone_keeps_its_last_known_owner_or_the_owners_alone(
+    users: dict[str, tuple[int, int]], shared: Path
+) -> None:
+    alice, bob = users[ALICE], users[BOB]
+    ws = shared
+    m = Mount(ws, options=("allow_other",)).start()
+    try:
+        rw = ws / ".rw"
+        made = sh(
+            alice,
+            f"cd {ws} && umask 077 && printf '{PIN}' > pin.txt && mkdir -m 755 gone"
+            f" && umask 022 && printf '{INNER}' > gone/f.txt && printf 'hello\\n' > pub.txt",
+        )
+        assert made.returncode == 0, made.stderr
+        (rw / "snapshots" / "s").mkdir()
+        assert sh(alice, f"cd {ws} && rm -r pin.txt gone pub.txt").returncode == 0
+        assert not (ws / "gone").exists()
+        (rw / "ctl").write_text("sync\n")
+        # A removed file: the owner and mode it had (recorded by its create and unlink).
+        pin = rw / "history" / "pin.txt"
+        assert (pin.stat().st_uid, pin.stat().st_mode & 0o777) == (alice[0], 0o500)
+        assert sh(bob, f"ls {pin}").returncode != 0
+        assert PIN in sh(alice, f"cat {pin}/*").stdout
+        pub = next((rw / "history" / "pub.txt").iterdir())
+        assert sh(bob, f"cat {pub}").stdout == "hello\n"  # it was public: it stays so
+        # A removed directory (its mode is not journaled): the workspace owner's alone,
+        # although it was 0755.
+        for gone in (rw / "history" / "gone", rw / "snapshots" / "s" / "tree" / "gone"):
+            assert (gone.stat().st_uid, gone.stat().st_mode & 0o777) == (alice[0], 0o700)
+            assert sh(bob, f"ls {gone}").returncode != 0
+            assert sh(bob, f"cat {gone}/f.txt*").returncode != 0
+            assert INNER in sh(alice, f"cat {gone}/f.txt 2>/dev/null || cat {gone}/f.txt/*").stdout
+        tree_pin = rw / "snapshots" / "s" / "tree" / "pin.txt"
+        assert sh(bob, f"cat {tree_pin}").returncode != 0
+        assert sh(alice, f"cat {tree_pin}").stdout == PIN
+    finally:
+        m.stop()
+    check_clean(m)
