@@ -355,9 +355,22 @@ def test_what_is_gone_keeps_its_last_known_owner_or_the_owners_alone(
 ) -> None:
     alice, bob = users[ALICE], users[BOB]
     ws = shared
+    # A private file of bob's in alice's workspace from before the mount: rwfs first sees
+    # it when bob removes it.
+    (ws / "bobs").mkdir(mode=0o755)
+    (ws / "bobs" / "old.txt").write_text("bob-private-note\n")
+    for p in (ws / "bobs", ws / "bobs" / "old.txt"):
+        os.chown(p, *bob)
+    (ws / "bobs" / "old.txt").chmod(0o600)
     m = Mount(ws, options=("allow_other",)).start()
     try:
         rw = ws / ".rw"
+        assert sh(bob, f"rm {ws}/bobs/old.txt").returncode == 0
+        (rw / "ctl").write_text("sync\n")
+        old = rw / "history" / "bobs" / "old.txt"
+        assert sh(bob, f"cat {old}/*").stdout == "bob-private-note\n"
+        got = sh(alice, f"cat {old}/*")  # the workspace owner, but not the file's
+        assert got.returncode != 0 and "Permission denied" in got.stderr, got.stdout
         made = sh(
             alice,
             f"cd {ws} && umask 077 && printf '{PIN}' > pin.txt && mkdir -m 755 gone"

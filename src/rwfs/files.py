@@ -638,6 +638,7 @@ class Files:
                 extra["supersedes"] = [c.id for c in sup]
             try:
                 mode = stat.S_IMODE(st.st_mode)  # of the file removed: undo, restore use it
+                extra["owner"] = [st.st_uid, st.st_gid]  # and .rw/ shows its versions with it
                 with self.ws.operation(
                     journaled, who, "unlink", path, incoming, mode=mode, **extra
                 ):

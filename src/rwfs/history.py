@@ -25,7 +25,7 @@ gives a new file is not listed once the file has other bytes.
 
 Each version also carries the file's owner and mode bits while it held those bytes, as far
 as the journal tells them (``write``, ``create``, ``unlink`` and ``setattr`` events record
-``mode``; ``create`` and a chown's ``setattr`` record ``owner``): ``.rw/`` shows a version
+``mode``; ``create``, ``unlink`` and a chown's ``setattr`` record ``owner``): ``.rw/`` shows a version
 with them, so that no one reads through it what they could not read in the tree (SPEC
 §3.3b). A ``chmod`` or ``chown`` applies to the version the file holds then; renames carry
 them along.
