@@ -254,6 +254,15 @@ def test_history_keeps_each_versions_owner_and_mode(tmp_path: Path) -> None:
             {"op": "rename", "path": "a", "dest": "b", "intended": v2},
             {"op": "write", "path": "b", "expected": v2, "intended": v3, "mode": 0o640},
             {"op": "write", "path": "old", "expected": v1, "intended": v3, "mode": 0o444},
+            # a file first seen when it moves: the rename names its owner and mode
+            {
+                "op": "rename",
+                "path": "x",
+                "dest": "y",
+                "intended": v1,
+                "mode": 0o600,
+                "owner": [5, 5],
+            },
         ):
             store.write(lambda txn, ev=ev: txn.append_event(dict(ev)))
         h = History(store)
@@ -271,6 +280,8 @@ def test_history_keeps_each_versions_owner_and_mode(tmp_path: Path) -> None:
         # A file rwfs first saw already there: its mode is known, its owner is not (the
         # live file's, or the workspace owner's: control.py).
         assert [(v.owner, v.mode) for v in h.versions(b"old")] == [(None, 0o444)] * 2
+        assert [(v.owner, v.mode) for v in h.versions(b"y")] == [((5, 5), 0o600)]
+        assert [(v.owner, v.mode) for v in h.paths[b"x"]] == [((5, 5), 0o600)] * 2
         at = h.version_at(b"a", 3)
         assert at is not None and (at.digest, at.mode) == (v2, 0o644)
     finally:
@@ -358,19 +369,22 @@ def test_what_is_gone_keeps_its_last_known_owner_or_the_owners_alone(
     # A private file of bob's in alice's workspace from before the mount: rwfs first sees
     # it when bob removes it.
     (ws / "bobs").mkdir(mode=0o755)
-    (ws / "bobs" / "old.txt").write_text("bob-private-note\n")
-    for p in (ws / "bobs", ws / "bobs" / "old.txt"):
-        os.chown(p, *bob)
-    (ws / "bobs" / "old.txt").chmod(0o600)
+    for name in ("old.txt", "moved.txt"):
+        (ws / "bobs" / name).write_text("bob-private-note\n")
+        os.chown(ws / "bobs" / name, *bob)
+        (ws / "bobs" / name).chmod(0o600)
+    os.chown(ws / "bobs", *bob)
     m = Mount(ws, options=("allow_other",)).start()
     try:
         rw = ws / ".rw"
-        assert sh(bob, f"rm {ws}/bobs/old.txt").returncode == 0
+        done = sh(bob, f"cd {ws}/bobs && rm old.txt && mv moved.txt new.txt && rm new.txt")
+        assert done.returncode == 0, done.stderr
         (rw / "ctl").write_text("sync\n")
-        old = rw / "history" / "bobs" / "old.txt"
-        assert sh(bob, f"cat {old}/*").stdout == "bob-private-note\n"
-        got = sh(alice, f"cat {old}/*")  # the workspace owner, but not the file's
-        assert got.returncode != 0 and "Permission denied" in got.stderr, got.stdout
+        for name in ("old.txt", "moved.txt", "new.txt"):
+            gone = rw / "history" / "bobs" / name
+            assert sh(bob, f"cat {gone}/*").stdout == "bob-private-note\n", name
+            got = sh(alice, f"cat {gone}/*")  # the workspace owner, but not the file's
+            assert got.returncode != 0 and "Permission denied" in got.stderr, name
         made = sh(
             alice,
             f"cd {ws} && umask 077 && printf '{PIN}' > pin.txt && mkdir -m 755 gone"

@@ -746,6 +746,8 @@ class Files:
         if sup:  # the replaced bytes are the last superseded commit's
             extra.update(expected=sup[-1].intended, size=sup[-1].size)
             extra["supersedes"] = [c.id for c in sup]
+        if stat.S_ISREG(sst.st_mode) and not exchange:  # .rw/ shows its versions with them
+            extra.update(mode=stat.S_IMODE(sst.st_mode), owner=[sst.st_uid, sst.st_gid])
         try:
             with self.ws.operation(
                 journaled,

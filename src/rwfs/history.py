@@ -24,11 +24,11 @@ so it is not listed (it can still be looked up by name). The empty version a ``c
 gives a new file is not listed once the file has other bytes.
 
 Each version also carries the file's owner and mode bits while it held those bytes, as far
-as the journal tells them (``write``, ``create``, ``unlink`` and ``setattr`` events record
-``mode``; ``create``, ``unlink`` and a chown's ``setattr`` record ``owner``): ``.rw/`` shows a version
-with them, so that no one reads through it what they could not read in the tree (SPEC
-§3.3b). A ``chmod`` or ``chown`` applies to the version the file holds then; renames carry
-them along.
+as the journal tells them (``write``, ``create``, ``unlink``, ``rename`` and ``setattr``
+events record ``mode``; all but ``write`` record ``owner``, ``setattr`` after a chown):
+``.rw/`` shows a version with them, so that no one reads through it what they could not
+read in the tree (SPEC §3.3b). A ``chmod`` or ``chown`` applies to the version the file
+holds then; renames carry them along.
 
 Bytes of old versions live in the object store (the pre-images every commit keeps); the
 newest is the live file. ``History`` is an index over the events, brought up to date
@@ -129,7 +129,7 @@ class History:
         """The owner and mode of ``path``'s file after ``ev``: what it records, else what
         was known before. (A rename's event records neither: the moved file keeps its.)"""
         owner, mode = self.meta.get(path, (None, None))
-        if ev["op"] != "rename":
+        if ev["op"] != "rename":  # (its owner and mode are the moved file's: _rename)
             if ev.get("mode") is not None:
                 mode = ev["mode"]
             if ev.get("owner") is not None:
@@ -189,11 +189,15 @@ class History:
         # The moved file's bytes: the event's own digest, else what the journal last saw
         # (None: a directory, whose files move below it).
         moved = ev.get("intended") or self._now(src)
+        if ev.get("mode") is not None and ev.get("owner") is not None:  # the moved file's
+            self.meta[src] = ((int(ev["owner"][0]), int(ev["owner"][1])), ev["mode"])
         if moved is not None:
             if dest not in self.paths and ev.get("expected"):  # the file it replaced
                 self.paths[dest] = [Version(0, ev["ts"], ev["expected"])]
             if src not in self.paths:  # a file rwfs had not journaled before it moved
-                self.paths[src] = [Version(0, ev["ts"], moved)]
+                self.paths[src] = [
+                    Version(0, ev["ts"], moved, False, *self.meta.get(src, (None, None)))
+                ]
         moves: dict[bytes, tuple[bytes, str | None]] = {}
         for p in self._below(src):
             moves[dest + p[len(src) :]] = (p, moved if p == src else self._now(p))
