@@ -285,7 +285,7 @@ class Control:
         """A directory of ``.rw/`` that stands for the workspace directory ``path``: its
         owner, group and mode. One that is gone: the workspace owner's alone."""
         try:
-            st = os.stat(path or b".", dir_fd=self.ws.root_fd, follow_symlinks=False)
+            st = beneath.stat(self.ws.root_fd, path)
         except OSError:
             st = None
         if st is not None and stat.S_ISDIR(st.st_mode):
@@ -300,7 +300,7 @@ class Control:
         the journal knows; the workspace owner's alone when nothing is known. Read-only."""
         if owner is None or mode is None:
             try:
-                st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+                st = beneath.stat(self.ws.root_fd, path)
             except OSError:
                 st = None
             if st is not None and stat.S_ISREG(st.st_mode):
@@ -317,7 +317,7 @@ class Control:
         """``history/PATH/``: a directory's owner and mode; for a file's versions (their
         names hold a prefix of their digests) the file's, listable by who may read it."""
         try:
-            st = os.stat(path or b".", dir_fd=self.ws.root_fd, follow_symlinks=False)
+            st = beneath.stat(self.ws.root_fd, path)
         except OSError:
             st = None
         if st is not None and stat.S_ISDIR(st.st_mode):
