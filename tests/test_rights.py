@@ -98,6 +98,15 @@ def test_only_the_owner_changes_the_policy(shared: Mount) -> None:
     res = as_other(f"echo 'durability = \"strict\"' > {policy}")
     assert res.returncode != 0
     assert policy.read_text() == before
+    os.chown(m.path, OTHER, OTHER)  # the other user owns the workspace now: theirs to change
+    assert os.stat(policy).st_uid == OTHER
+    res = as_other(
+        f"t=$(cat {policy}; echo '# the owner was here'); printf '%s\\n' \"$t\" > {policy}"
+    )
+    assert res.returncode == 0, res.stderr
+    assert policy.read_text() == before.rstrip("\n") + "\n# the owner was here\n"
+    os.chown(m.path, 0, 0)
+    policy.write_text(before)
 
 
 def test_a_batch_holds_its_openers_writes_and_only_they_steer_it(shared: Mount) -> None:

@@ -222,7 +222,10 @@ class Control:
         ):
             node = self.add(self.root, name, render)
             node.fresh, node.perm = True, self.private
-        self.add(self.root, b"policy.toml", lambda: ws.policy.text.encode(), self._write_policy)
+        # The workspace owner's to change (0644): the kernel refuses anyone else's write.
+        self.add(
+            self.root, b"policy.toml", lambda: ws.policy.text.encode(), self._write_policy
+        ).perm = lambda: (*self.ws_owner(), 0o444)
         self.add(
             self.root, b"last-error", lambda: _json(self.last_error) if self.last_error else b""
         ).perm = self.private
@@ -763,7 +766,7 @@ class Control:
         await self.ws.sync()
 
     async def _write_policy(self, data: bytes, who: dict[str, Any]) -> None:
-        owner = os.fstat(self.ws.root_fd).st_uid
+        owner = self.ws_owner()[0]
         if who.get("uid") not in (0, owner):
             raise RwfsError(
                 errno.EACCES,
