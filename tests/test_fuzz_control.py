@@ -17,6 +17,7 @@ import pytest
 from conftest import Mount, check_clean
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_bad_input import write_bytes
 
 FUZZ = settings(
     max_examples=int(os.environ.get("RWFS_FUZZ_EXAMPLES", "40")),
@@ -69,15 +70,6 @@ def _state(m: Mount) -> tuple[dict[str, bytes], int]:
     return tree, len([e for e in events if e["op"] != "gc"])  # (a gc verb journals itself)
 
 
-def _write(path: Path, data: bytes) -> OSError | None:
-    try:
-        with open(path, "wb") as f:
-            f.write(data)
-    except OSError as exc:
-        return exc
-    return None
-
-
 def _refused_cleanly(m: Mount, before: tuple[dict[str, bytes], int], err: OSError | None) -> None:
     assert m.proc is not None and m.proc.poll() is None, "the daemon died"
     assert _state(m) == before, "bad input changed the tree or the journal"
@@ -94,7 +86,7 @@ def test_fuzzed_verbs_change_nothing(fuzzed: Mount, text: str) -> None:
     data = text.encode("utf-8", "surrogatepass")
     for ctl in ("ctl", "batches/b/ctl", "chunks/c/ctl"):
         before = _state(m)
-        err = _write(m.path / ".rw" / ctl, data)
+        err = write_bytes(m.path / ".rw" / ctl, data)
         _refused_cleanly(m, before, err)  # (what succeeded must have changed nothing either)
 
 
@@ -105,7 +97,7 @@ def test_fuzzed_policies_change_nothing_in_the_tree(fuzzed: Mount, text: str) ->
     policy = m.path / ".rw" / "policy.toml"
     old = policy.read_bytes()
     before = _state(m)
-    err = _write(policy, text.encode("utf-8", "surrogateescape"))
+    err = write_bytes(policy, text.encode("utf-8", "surrogateescape"))
     _refused_cleanly(m, before, err)
     if "7.5" in text:  # a ratio out of its range, which would turn the gate off
         assert err is not None
