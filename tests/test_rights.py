@@ -139,3 +139,54 @@ def test_a_batch_holds_its_openers_writes_and_only_they_steer_it(shared: Mount) 
     assert (m.path / "mine.txt").read_text() == "root's v0\n"
     drops = [e for e in _events(m) if e["op"] == "drop"]
     assert [(e["path"], e["batch"], e["uid"]) for e in drops] == [("mine.txt", "b1", 0)]
+
+
+def test_scratch_files_and_chunk_parts_are_their_writers_alone(shared: Mount) -> None:
+    m = shared
+    secret = b"token sk-ant-" + b"Q" * 30 + b"\n"
+    (m.path / ".rw" / "scratch" / "creds.txt").write_bytes(secret)
+    os.mkdir(m.path / ".rw" / "chunks" / "c1")
+    (m.path / ".rw" / "chunks" / "c1" / "part-001").write_bytes(secret)
+    st = os.stat(m.path / ".rw" / "scratch" / "creds.txt")
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)
+    assert os.stat(m.path / ".rw" / "chunks" / "c1").st_mode & 0o777 == 0o700
+    for path in ("scratch/creds.txt", "chunks/c1/part-001", "chunks/c1/preview"):
+        res = as_other(f"cat {m.path}/.rw/{path}")
+        assert res.returncode != 0 and "Permission denied" in res.stderr, (path, res)
+        assert "sk-ant" not in res.stdout
+    assert (m.path / ".rw" / "scratch" / "creds.txt").read_bytes() == secret  # the writer's
+    assert (m.path / ".rw" / "chunks" / "c1" / "preview").read_bytes() == secret
+
+
+def test_the_rights_are_the_trees_owners_and_modes(tmp_path: Path) -> None:
+    """rights.py in process: the questions the kernel would ask, from owners and modes."""
+    from rwfs import rights
+
+    root = tmp_path / "tree"
+    (root / "open").mkdir(parents=True)
+    (root / "closed").mkdir(mode=0o700)
+    (root / "sticky").mkdir()
+    os.chmod(root / "sticky", 0o1777)
+    for name, mode in (("open/pub.txt", 0o666), ("open/mine.txt", 0o644), ("closed/x", 0o666)):
+        (root / name).write_text(name)
+        os.chmod(root / name, mode)
+    (root / "sticky" / "theirs").write_text("theirs")
+    (root / "sticky" / "own").write_text("own")
+    os.chown(root / "sticky" / "own", OTHER, OTHER)
+    os.chmod(root, 0o755)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    other = {"uid": OTHER, "pid": 0}
+    try:
+        assert rights.may_change(fd, b"open/pub.txt", other)
+        assert not rights.may_change(fd, b"open/mine.txt", other)
+        assert not rights.may_change(fd, b"closed/x", other)  # 0666, in a 0700 directory
+        assert not rights.may_change(fd, b"open/new.txt", other)  # root's 0755 directory
+        assert rights.may_change(fd, b"sticky/new.txt", other)
+        assert not rights.may_change(fd, b"sticky/theirs", other, remove=True)
+        assert rights.may_change(fd, b"sticky/own", other, remove=True)
+        assert rights.may_read(fd, b"open/mine.txt", other)
+        assert not rights.may_read(fd, b"closed/x", other)
+        assert not rights.may_read(fd, b"open/none", other)
+        assert rights.may_change(fd, b"closed/x", {"uid": 0, "pid": 0})  # root passes
+    finally:
+        os.close(fd)

@@ -854,10 +854,17 @@ class Batches:
     def diff(self, batch: Batch) -> bytes:
         """A unified diff of the batch against its base (blocking)."""
         out = []
+        opener = batch.record.get("opened_by") or {}
         for key, entry in sorted(batch.record["entries"].items(), key=lambda kv: kv[1]["order"]):
             path = os.fsencode(key)
-            old = self._bytes(entry["expected"], live=path)
             commit = batch.held.get(path)
+            writer = commit.info.get("uid") if commit is not None else opener.get("uid")
+            # The diff is its opener's (0400): another user's draft of a file the opener
+            # may not read is named, not shown (a batch of scope all holds such drafts).
+            if writer != opener.get("uid") and not rights.may_read(self.ws.root_fd, path, opener):
+                out.append(b"--- " + path + b": another user's draft of a file you may not read\n")
+                continue
+            old = self._bytes(entry["expected"], live=path)
             new = (
                 os.pread(commit.stage.fd, os.fstat(commit.stage.fd).st_size, 0)
                 if commit is not None and commit.stage.fd >= 0

@@ -32,7 +32,9 @@ MAX_PART = 64 << 20
 
 
 def install(control: Control) -> None:
-    Chunks(control, control.mkdir(control.root, b"chunks"))
+    top = control.mkdir(control.root, b"chunks")
+    top.perm = lambda: (*control.ws_owner(), 0o755)  # the workspace owner opens sessions
+    Chunks(control, top)
 
 
 def _bad(message: str, where: str, errno_: int = errno.EINVAL) -> RwfsError:
@@ -109,9 +111,11 @@ class Chunks:
 
     def _add(self, name: str) -> None:
         d = self.c.mkdir(self.top, name.encode())
+        d.perm = lambda: (*self._opener(name), 0o700)  # its parts are its opener's alone
         parts = Parts(self, d, name)
         d.refresh, d.create, d.unlink = parts.refresh, parts.create, parts.unlink
-        self.c.add(d, b"preview", lambda: self._preview(name)).slow = True
+        preview = self.c.add(d, b"preview", lambda: self._preview(name))
+        preview.slow, preview.perm = True, lambda: (*self._opener(name), 0o400)
         from .control import verb_file
 
         async def expect(args: list[str], who: dict[str, Any]) -> None:
@@ -126,6 +130,12 @@ class Chunks:
 
         verbs: dict[str, Verb] = {"expect": expect, "compose": compose}
         self.c.add(d, b"ctl", lambda: b"", verb_file(verbs, f".rw/chunks/{name}/ctl"), verbs=True)
+
+    def _opener(self, name: str) -> tuple[int, int]:
+        session = self._sessions().get(name.encode()) or {}
+        if "uid" not in session:  # (a session recorded before owners)
+            return self.c.ws_owner()
+        return session["uid"], session.get("gid", session["uid"])
 
     def _preview(self, name: str) -> bytes:
         try:
@@ -248,6 +258,7 @@ class Parts:
 
         node = c.add(self.node, part, render, write)
         node.max_bytes, node.slow = MAX_PART, True
+        node.perm = lambda: (*self.chunks._opener(self.name), 0o400)  # (0600: writable)
         self.nodes[part] = node
         return node
 

@@ -74,6 +74,23 @@ def may_change(root_fd: int, path: bytes, who: dict[str, Any], remove: bool = Fa
     return False
 
 
+def may_read(root_fd: int, path: bytes, who: dict[str, Any]) -> bool:
+    """Whether the caller ``who`` could read the file at ``path`` in the tree now."""
+    ids = _ids(who)
+    if ids is None:
+        return True
+    parts = path.split(b"/")
+    here = beneath.stat(root_fd, b"")
+    for i in range(len(parts)):
+        if not _allows(here, ids, 1):
+            return False
+        try:
+            here = beneath.stat(root_fd, b"/".join(parts[: i + 1]))
+        except OSError:
+            return False
+    return stat.S_ISREG(here.st_mode) and _allows(here, ids, 4)
+
+
 def require(root_fd: int, paths: dict[bytes, bool], who: dict[str, Any]) -> None:
     """Refuse the verb unless the caller could change every path (path -> whether the verb
     removes it): EACCES, or EPERM for a path through a symlink, with nothing done."""

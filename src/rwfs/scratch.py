@@ -26,7 +26,9 @@ _DB = b"scratch"
 
 
 def install(control: Control) -> None:
-    Scratch(control, control.mkdir(control.root, b"scratch"))
+    top = control.mkdir(control.root, b"scratch")
+    top.perm = lambda: (*control.ws_owner(), 0o755)  # the workspace owner makes files here
+    Scratch(control, top)
 
 
 class Scratch:
@@ -47,6 +49,7 @@ class Scratch:
 
     def _node(self, name: bytes) -> CFile:
         node = self.c.add(self.top, name, lambda: self._read(name), self._writer(name))
+        node.perm = lambda: self._perm(name)
         node.max_bytes = MAX_BYTES
         node.slow = True
         self.nodes[name] = node
@@ -57,6 +60,15 @@ class Scratch:
             self.new.add(name)
             self._node(name)
         return self.nodes[name]
+
+    def _perm(self, name: bytes) -> tuple[int, int, int]:
+        """A scratch file is its writer's alone (SPEC §3.3b): what it holds is theirs."""
+        record = next(
+            (r for r in self.c.ws.store.records(_DB) if os.fsencode(r["name"]) == name), None
+        )
+        if record is None or "uid" not in record:  # (not written yet, or before owners)
+            return (*self.c.ws_owner(), 0o400)
+        return record["uid"], record.get("gid", record["uid"]), 0o400
 
     def _read(self, name: bytes) -> bytes:
         ws = self.c.ws
