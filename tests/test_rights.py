@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,3 +191,26 @@ def test_the_rights_are_the_trees_owners_and_modes(tmp_path: Path) -> None:
         assert rights.may_change(fd, b"closed/x", {"uid": 0, "pid": 0})  # root passes
     finally:
         os.close(fd)
+
+
+def test_the_workspace_owner_of_a_root_daemon_reads_the_log(shared: Mount) -> None:
+    """A daemon's descriptors in /proc are root's: the owner's `rwfs log` reads the journal
+    through the mount, and another user is told why it may not. (The CLI runs on the
+    system Python, as README's "Several users" says an install for all must.)"""
+    m = shared
+    (m.path / "a.txt").write_text("a\n")
+    site = next(Path(sys.prefix, "lib").glob("python3*/site-packages"))
+    cli = (
+        f"PYTHONPATH={Path(__file__).parents[1] / 'src'}:{site} /usr/bin/python3 -m rwfs.cli"
+        f" log --json -C {m.path}"
+    )
+    res = as_other(cli)
+    assert res.returncode == 1 and "workspace owner" in res.stderr, res
+    os.chown(m.path, OTHER, OTHER)
+    try:
+        res = as_other(cli)
+        assert res.returncode == 0, res.stderr
+        paths = [json.loads(line).get("path") for line in res.stdout.splitlines()]
+        assert "a.txt" in paths
+    finally:
+        os.chown(m.path, 0, 0)

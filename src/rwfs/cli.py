@@ -173,7 +173,10 @@ def cmd_log(a: argparse.Namespace) -> int:
     ws, mount = _workspace(a)
     root, state, _ = locate(mount or ws)
     path = _relative(a, ws, mount)
-    store = Store(os.path.join(state, "journal"))
+    # The daemon's descriptors are for its own user and root: the workspace owner of a
+    # root daemon reads the journal through the mount.
+    readable = mount is None or os.access(state, os.R_OK | os.X_OK)
+    store: Any = Store(os.path.join(state, "journal")) if readable else _MountJournal(mount)
 
     def wanted(ev: dict[str, Any]) -> bool:
         if path is None or path == ".":
@@ -211,6 +214,23 @@ def cmd_log(a: argparse.Namespace) -> int:
     if not shown and path is not None and not a.json:
         print(f"rwfs: no journal events for {path}", file=sys.stderr)
     return 0
+
+
+class _MountJournal:
+    """``Store.events`` read from a mount's ``.rw/journal`` (JSON lines)."""
+
+    def __init__(self, mount: str | None) -> None:
+        self.file = os.path.join(mount or ".", ".rw", "journal")
+
+    def events(self, since: int = 0) -> Iterator[dict[str, Any]]:
+        with open(self.file, "rb") as f:
+            for line in f:
+                ev = json.loads(line)
+                if int(ev.get("lsn", 0)) > since:
+                    yield ev
+
+    def close(self) -> None:
+        pass
 
 
 def _print_event(ev: dict[str, Any], as_json: bool) -> None:

@@ -586,8 +586,14 @@ def locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
                 "see the journal entry of 'rwfs status'",
                 file=sys.stderr,
             )
-        with open(os.path.join(path, ".rw", "status"), "rb") as f:
-            status = json.load(f)
+        try:
+            with open(os.path.join(path, ".rw", "status"), "rb") as f:
+                status = json.load(f)
+        except PermissionError:
+            raise QuietError(
+                f"you may not read {path}/.rw/status: the journal and what is made from it "
+                "are the workspace owner's (docs/security.md); run this as the owner or root"
+            ) from None
         pid = status["pid"]
         # The daemon's own descriptors reach the raw tree under the mount.
         return f"/proc/{pid}/fd/{status['root_fd']}", f"/proc/{pid}/fd/{status['state_fd']}", status
