@@ -229,3 +229,32 @@ def test_a_refused_stage_fails_the_change_that_would_cross_the_limit(workspace: 
         m.stop()
     check_clean(m)
     assert (workspace / "a.py").read_bytes() == good
+
+
+def test_verbs_never_read_a_file_past_the_limit_whole(workspace: Path) -> None:
+    """A writer makes a journaled file a sparse one far past max_journaled_bytes (it leaves
+    journaling); `restore` and `undo` of it then fail at once with EFBIG and an envelope,
+    not after hashing every byte of it, and change nothing."""
+    prepare_state(workspace, "max_journaled_bytes = 100000\n")
+    m = Mount(workspace).start()
+    try:
+        f = m.path / "a.txt"
+        f.write_text("v0\n")
+        (m.path / ".rw" / "snapshots" / "s").mkdir()
+        f.write_text("v1\n")
+        with open(f, "r+b") as fh:  # 4 KiB at 64 GiB: a sparse file, unjournaled now
+            os.pwrite(fh.fileno(), b"x" * 4096, 64 << 30)
+        for verb in ("restore s a.txt", "restore s"):
+            with pytest.raises(OSError) as err:
+                (m.path / ".rw" / "ctl").write_text(verb + "\n")
+            assert err.value.errno == errno.EFBIG, verb
+            env = json.loads((m.path / ".rw" / "last-error").read_text())
+            assert env["error"] == "quota_exceeded" and "a.txt" in env["message"], env
+        assert os.stat(f).st_size == (64 << 30) + 4096
+        assert not (m.path / ".rw" / "batches" / "restore-s").exists()
+        os.truncate(f, 3)  # under the limit again: restore works
+        (m.path / ".rw" / "ctl").write_text("restore s a.txt\n")
+        assert f.read_text() == "v0\n"
+    finally:
+        m.stop()
+    check_clean(m)

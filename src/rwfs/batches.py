@@ -19,6 +19,7 @@ about FUSE; the FUSE layer learns about settled drafts through ``Workspace.settl
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
 import os
@@ -37,12 +38,14 @@ from .workspace import (
     Commit,
     RwfsError,
     Stage,
+    TooLarge,
     Workspace,
     borrowed,
     copy_metadata,
     fsdecode,
     record_commit,
     syncfs,
+    too_large,
 )
 
 OPEN, COMMITTING, COMMITTED = "open", "committing", "committed"
@@ -562,6 +565,11 @@ class Batches:
         mode bits, see ``modes_at``) when it has one there."""
         # Checked first: nothing is made if one fails.
         rights.require(self.ws.root_fd, {p: t is None for p, (_, t) in changes.items()}, who)
+        limit = self.ws.policy.max_journaled_bytes
+        for path in changes:  # (an unjournaled file: comparing it would read all of it)
+            with contextlib.suppress(OSError):
+                if beneath.stat(self.ws.root_fd, path).st_size > limit:
+                    raise too_large(path, limit)
         name = base
         n = 1
         while name in self.all:
@@ -717,6 +725,10 @@ class Batches:
             except beneath.Escape:
                 c.outcome = "pending"
                 fail(c, errno.EPERM, "symlink", "a directory on its path is a symlink")
+                continue
+            except TooLarge:
+                c.outcome = "pending"
+                fail(c, errno.EFBIG, "too_large", "it is past max_journaled_bytes (unjournaled)")
                 continue
             except OSError as exc:
                 c.outcome = "pending"

@@ -44,8 +44,8 @@ def live_bytes(ws: Workspace, path: str) -> bytes:
         return b""
     if fd < 0:
         return b""
-    try:
-        return os.pread(fd, st.st_size, 0)
+    try:  # (a file past max_journaled_bytes is not read whole either: it shows empty)
+        return os.pread(fd, st.st_size, 0) if st.st_size <= ws.policy.max_journaled_bytes else b""
     finally:
         os.close(fd)
 

@@ -11,6 +11,7 @@ Later features add entries with ``Control.add``; nothing here knows about FUSE.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import errno
 import functools
 import json
@@ -475,8 +476,9 @@ class Control:
     def _holder(self, digest: str, path: bytes) -> bytes | None:
         """The first of ``_holders`` whose live file really holds ``digest``."""
         for p in self._holders(digest, path):
-            if self.ws.live_digest(p)[0] == digest:
-                return p
+            with contextlib.suppress(OSError):  # (unreadable, or too large to hash)
+                if self.ws.live_digest(p)[0] == digest:
+                    return p
         return None
 
     def _keep_targets(self, changes: dict[bytes, tuple[str | None, str | None]]) -> None:

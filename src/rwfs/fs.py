@@ -33,12 +33,14 @@ from .workspace import (
     Commit,
     RwfsError,
     Stage,
+    TooLarge,
     Workspace,
     borrowed,
     escaped,
     fsdecode,
     journal_unavailable,
     rel,
+    too_large,
 )
 
 log = logging.getLogger("rwfs.fs")
@@ -70,8 +72,13 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
                 if quiet:
                     return None
                 raise
-            except (RwfsError, beneath.Escape) as exc:
-                err = escaped(exc) if isinstance(exc, beneath.Escape) else exc
+            except (RwfsError, beneath.Escape, TooLarge) as exc:
+                if isinstance(exc, TooLarge):
+                    err = too_large(
+                        os.fsencode(exc.filename or ""), self.ws.policy.max_journaled_bytes
+                    )
+                else:
+                    err = escaped(exc) if isinstance(exc, beneath.Escape) else exc
                 self.control.fail(err)
                 if quiet:
                     return None
@@ -163,6 +170,7 @@ class ControlHandle:
     # A verb that failed: (offset, bytes, errno). Buffered writers (Python's, for one)
     # write the same bytes again when closing after a failed write; that is no new verb.
     failed: tuple[int, bytes, int] | None = None
+    over: bool = False  # a write went past the file's size limit: nothing is applied
 
 
 def _where(top: CDir, node: CNode) -> str | None:
@@ -956,7 +964,7 @@ class Operations(pyfuse3.Operations):
                 return len(buf)
             end = off + len(buf)
             if end > h.node.max_bytes or h.failed is not None:
-                h.failed = (off, buf, errno.EFBIG)  # nothing of it is applied at close
+                h.failed, h.over = (off, buf, errno.EFBIG), True  # nothing applied at close
                 raise _too_large(h, self.control.root)
             if len(h.written) < end:
                 h.written.extend(b"\0" * (end - len(h.written)))
@@ -1144,7 +1152,7 @@ class Operations(pyfuse3.Operations):
             # Like a file's commit point: only a flush after a write applies the text (a
             # shell closes a duplicate descriptor before it writes anything).
             if h.failed is not None:
-                if h.failed[2] == errno.EFBIG:
+                if h.over:
                     # The kernel reported the part before the limit as a short write, which
                     # a writer may not check: close() says that none of it was applied.
                     raise _too_large(h, self.control.root)

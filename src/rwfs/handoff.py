@@ -89,7 +89,10 @@ class Handoff:
         warnings = []
         if drift:
             for entry in record["last_good_state"]:
-                now = ws.live_digest(os.fsencode(entry["path"]))[0]
+                try:
+                    now = ws.live_digest(os.fsencode(entry["path"]))[0]
+                except OSError:  # unreadable now, or past max_journaled_bytes (not hashed)
+                    now = None
                 if now != entry["sha256"]:
                     warnings.append(
                         {"path": entry["path"], "recorded": entry["sha256"], "now": now}

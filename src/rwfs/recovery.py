@@ -27,7 +27,15 @@ from .batches import recover as recover_batches
 from .intents import IntentLog
 from .objects import digest_fd
 from .store import JournalUnavailable, Txn, u64
-from .workspace import Commit, Stage, Workspace, record_commit, record_event, syncfs
+from .workspace import (
+    Commit,
+    Stage,
+    TooLarge,
+    Workspace,
+    record_commit,
+    record_event,
+    syncfs,
+)
 
 
 def recover(
@@ -284,7 +292,10 @@ def _apply(ws: Workspace, txn: Txn, rec: dict[str, Any]) -> None:
         return
     ev = dict(rec["event"], recovered=True)
     if ev["op"] == "rename" and not ev.get("exchange") and "intended" not in ev:
-        ev["intended"] = ws.live_digest(os.fsencode(ev["dest"]))[0]
+        try:
+            ev["intended"] = ws.live_digest(os.fsencode(ev["dest"]))[0]
+        except TooLarge:  # (past max_journaled_bytes: not hashed)
+            ev["intended"] = None
     if rec.get("incoming"):
         got = ws.objects.settle_incoming(rec["incoming"].encode())
         if got is not None and ev.get("supersedes"):

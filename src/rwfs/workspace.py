@@ -495,7 +495,10 @@ class Workspace:
         (None, stat) for anything but a regular file, which is not opened
         (``objects.open_regular``). ``beneath.Escape`` if a directory on the path is a
         symlink."""
-        return self._live_at(self.root_fd, rel(path))
+        try:
+            return self._live_at(self.root_fd, rel(path))
+        except TooLarge:
+            raise TooLarge(errno.EFBIG, "past max_journaled_bytes", fsdecode(path)) from None
 
     def _live_at(self, dir_fd: int, name: bytes) -> tuple[str | None, os.stat_result | None]:
         try:
@@ -505,6 +508,10 @@ class Workspace:
         if fd < 0:
             return None, st
         try:
+            if st.st_size > self.policy.max_journaled_bytes:
+                # An unjournaled file (passthrough by size): never hashed whole, so that a
+                # verb over a sparse file of terabytes costs what a small one does.
+                raise TooLarge(errno.EFBIG, "past max_journaled_bytes", fsdecode(name))
             return self.digest_of_fd(fd, st), st
         finally:
             os.close(fd)
@@ -1506,7 +1513,10 @@ class Workspace:
         if any(c.outcome not in ("committed", "landed") for c in item.carried):
             # A write the rename moved did not land (the tree's file changed meanwhile):
             # the rename put at its destination what the tree holds there.
-            item.event["intended"] = self.live_digest(os.fsencode(item.event["dest"]))[0]
+            try:
+                item.event["intended"] = self.live_digest(os.fsencode(item.event["dest"]))[0]
+            except TooLarge:  # (past max_journaled_bytes: not hashed)
+                item.event["intended"] = None
         return kept
 
     def _replace(self, c: Commit) -> None:
@@ -1523,6 +1533,9 @@ class Workspace:
                 self._replace_at(c, held, d, name)
         except beneath.Escape:
             c.outcome, c.error = "error", _type_swap(c.path)
+            self._keep_intended(c)
+        except TooLarge:
+            c.outcome, c.error = "error", too_large(c.path, self.policy.max_journaled_bytes)
             self._keep_intended(c)
         except OSError as exc:
             c.outcome = "error"
@@ -1840,6 +1853,22 @@ def conflict_error(c: Commit) -> RwfsError:
         actual=c.info.get("actual"),
         batch=c.batch,
         lsn=c.lsn or None,
+    )
+
+
+class TooLarge(OSError):
+    """The live file is past ``max_journaled_bytes``: rwfs does not hash it."""
+
+
+def too_large(path: bytes, limit: int) -> RwfsError:
+    return RwfsError(
+        errno.EFBIG,
+        "quota_exceeded",
+        "max_journaled_bytes",
+        f"{fsdecode(path)} is past max_journaled_bytes ({limit} bytes): it is not journaled, "
+        "and rwfs does not read all of it to compare it with the journal, so nothing was "
+        "changed. Remove it, or truncate it under the limit, and try again.",
+        path=fsdecode(path),
     )
 
 
