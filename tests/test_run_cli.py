@@ -234,6 +234,8 @@ def test_run_usage_errors_exit_2(project: Path) -> None:
     assert "usage: rwfs run" in res.stderr
     res = rwfs("run", "--batch", "b", "--review", "--", "true", cwd=project)
     assert res.returncode == 2
+    res = rwfs("run", "--batch", "--", "true", cwd=project)  # `--` is no batch's name
+    assert res.returncode == 2 and "--batch needs a value" in res.stderr, res.stderr
     assert not (project / ".rw").exists()  # nothing was made
 
 

@@ -395,7 +395,7 @@ def parse_run(args: list[str]) -> Any:
         if w in ("-C", "--batch") or w.startswith(("--batch=", "-C")):
             if "=" in w or (w.startswith("-C") and len(w) > 2):
                 value = w.split("=", 1)[1] if "=" in w else w[2:]
-            elif words:
+            elif words and words[0] != "--":  # (`--batch -- CMD`: no NAME was given)
                 value = words.pop(0)
             else:
                 _usage(f"{w} needs a value")
