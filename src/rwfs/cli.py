@@ -500,6 +500,14 @@ def cmd_undo(a: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(a: argparse.Namespace) -> int:
+    from .store import plain_name
+
+    if a.name is not None and plain_name(os.fsencode(a.name)) is None:
+        raise QuietError(
+            f"{a.name!r} is not a snapshot name: use 1 to 64 letters, digits, dots, dashes or "
+            "underscores, not starting with a dash",
+            2,
+        )
     mount = _mount_of(a.directory or ".")
     top = _control(mount, "snapshots")
     if a.name is None:
