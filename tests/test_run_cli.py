@@ -325,6 +325,9 @@ def test_usage_errors_exit_2_without_traceback(project: Path) -> None:
     assert res.returncode == 2 and "usage: rwfs batch" in res.stderr
     res = rwfs("batch", "begin", "..", cwd=project)
     assert res.returncode == 2 and "is not a batch name" in res.stderr
+    res = rwfs("gc", "extra", "args", cwd=project)
+    assert res.returncode == 2 and "usage: rwfs gc" in res.stderr, res.stderr
+    assert "unrecognized arguments: args" in res.stderr  # ("extra" is its DIR)
     for bad in ("bad/name", "../x", "a b"):  # (not "No such file or directory")
         res = rwfs("snapshot", bad, "-C", str(project))
         assert res.returncode == 2 and "is not a snapshot name" in res.stderr, res.stderr

@@ -833,7 +833,11 @@ def main(args: list[str] | None = None) -> int:
         a = parse_run(argv[1:])
         a.fn = cmd_run
     else:
-        a = parser().parse_args(argv)
+        a, extra = parser().parse_known_args(argv)
+        if extra:  # said with the verb's usage, not the top level's
+            print(_usage_of(argv), file=sys.stderr, end="")
+            print(f"rwfs {argv[0]}: unrecognized arguments: {' '.join(extra)}", file=sys.stderr)
+            return 2
     try:
         code = int(a.fn(a))
         sys.stdout.flush()  # (here, so that a closed pipe is seen below)
