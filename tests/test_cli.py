@@ -111,6 +111,8 @@ def test_batch_snapshot_restore_undo_and_conflicts_verbs(mount: Mount) -> None:
     assert rwfs("restore", "s1", str(mount.path / "a.txt"), "-C", p).returncode == 0
     assert (mount.path / "a.txt").read_text() == "a1\n"
     assert rwfs("undo", "restore-s1", "-C", p).returncode == 0
+    again = rwfs("undo", "restore-s1", "-C", p)  # undone already: says how to redo it
+    assert again.returncode == 1 and "rwfs undo undo-restore-s1" in again.stderr, again.stderr
     assert (mount.path / "a.txt").read_text() == "a2\n"
     res = rwfs("conflicts", "-C", p, "--json")
     assert res.returncode == 0 and res.stdout == ""

@@ -628,7 +628,8 @@ class Control:
         if undone is not None:  # again, it would write the before-bytes over themselves
             raise _verb_error(
                 f"Nothing was done: batch {args[0]} was already undone by batch {undone} "
-                f"(see .rw/batches/{undone}/status). To redo {args[0]}, write 'undo {undone}'."
+                f"(see .rw/batches/{undone}/status). To redo {args[0]}, undo {undone} ('rwfs undo "
+                f"{undone}', or 'undo {undone}' in .rw/ctl)."
             )
         await trio.to_thread.run_sync(self._keep_targets, changes)
         modes = await trio.to_thread.run_sync(
