@@ -34,6 +34,7 @@ def refusals(m: Mount, name: str) -> list[dict]:
 
 
 def test_emptying_a_module_is_refused_at_close(mount: Mount) -> None:
+    assert last_error(mount)["ok"] is True  # JSON before the first error too
     f = mount.path / "decoder.py"
     f.write_text(REAL)
     res = subprocess.run(["cp", "/dev/null", str(f)], capture_output=True, text=True)

@@ -57,6 +57,10 @@ Writer = Callable[[bytes, dict[str, Any]], Awaitable[None]]
 Verb = Callable[[list[str], dict[str, Any]], Awaitable[None]]
 
 
+# last-error before the first error: a JSON document like every other (SPEC §5).
+NO_ERROR = {"ok": True, "message": "No error since rwfs mounted this workspace."}
+
+
 def split_verbs(text: str) -> list[list[str]]:
     """Lines of words, as a POSIX shell splits them: blanks separate words, a newline
     separates verbs, and quotes ('…', "…") or a backslash keep blanks, newlines and quotes
@@ -228,7 +232,7 @@ class Control:
             self.root, b"policy.toml", lambda: ws.policy.text.encode(), self._write_policy
         ).perm = lambda: (*self.ws_owner(), 0o444)
         self.add(
-            self.root, b"last-error", lambda: _json(self.last_error) if self.last_error else b""
+            self.root, b"last-error", lambda: _json(self.last_error or NO_ERROR)
         ).perm = self.private
         self.verbs: dict[str, Verb] = {"sync": self._sync}
         self.add(self.root, b"ctl", lambda: b"", verb_file(self.verbs, ".rw/ctl"), verbs=True)
