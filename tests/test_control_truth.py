@@ -370,3 +370,19 @@ def test_modes_at_follows_the_journal() -> None:
     assert modes_at(evs, lsn=8) == {b"b.sh": 0o700, b"c": 0o600, b"e/k": 0o644, b"old": 0o750}
     assert modes_at(evs, batch="rm") == modes_at(evs, lsn=8)
     assert modes_at(evs, lsn=3) == {b"a.sh": 0o700, b"old": 0o750}
+
+
+def test_an_append_to_a_control_file_appends(mount: Mount) -> None:
+    """`>>` on policy.toml or a scratch file adds to what it holds, as on a file (it used to
+    replace the text with NULs and the appended line: "not valid TOML at line 1")."""
+    policy = mount.path / ".rw" / "policy.toml"
+    before = policy.read_text()
+    res = subprocess.run(["sh", "-c", f"echo '# a note' >> {policy}"], capture_output=True)
+    assert res.returncode == 0, res.stderr
+    assert policy.read_text() == before + "# a note\n"
+    note = mount.path / ".rw" / "scratch" / "n.txt"
+    note.write_text("one\n")
+    with open(note, "a") as f:
+        f.write("two\n")
+    assert note.read_text() == "one\ntwo\n"
+    policy.write_text(before)

@@ -837,7 +837,10 @@ class Operations(pyfuse3.Operations):
                 data, mtime = b"", time.time_ns()
             else:
                 data, mtime = await self._render(node)
-            h = ControlHandle(node, data, bytearray() if writable else None, who=self._who(ctx))
+            # A writer that does not truncate (an append, an edit in place) writes over the
+            # bytes it opened, as in a file; a verb file's are empty.
+            start = bytearray(data) if writable and not node.verbs else bytearray()
+            h = ControlHandle(node, data, start if writable else None, who=self._who(ctx))
             h.mtime_ns = mtime
             self._control_open.setdefault(node.ino, []).append(h)
             return pyfuse3.FileInfo(fh=self._fh(h), direct_io=True)
