@@ -80,3 +80,14 @@ def test_forget_releases_inodes_the_kernel_dropped(mount: Mount) -> None:
     few = status(mount)["inodes"]
     assert few < 50, f"{few} inodes still held after the kernel forgot them"
     assert [(mount.path / f"f{i}").read_text() for i in (0, 299)] == ["0", "299"]
+
+
+def test_a_given_fsname_wins_and_the_type_stays_rwfs(workspace: Path) -> None:
+    m = Mount(workspace, options=("fsname=myproject", "subtype=other")).start()
+    try:
+        with open("/proc/self/mounts") as f:
+            mine = [ln.split() for ln in f if ln.split()[1] == str(m.path)]
+        assert [(ln[0], ln[2]) for ln in mine] == [("myproject", "fuse.rwfs")], mine
+    finally:
+        m.stop()
+    check_clean(m)

@@ -245,9 +245,12 @@ def serve(
     # default_permissions: the kernel checks every access against the owner and mode
     # rwfs reports, those of .rw/'s entries included (SPEC §3.3b; docs/security.md).
     fuse_opts = set(pyfuse3.default_options) | {"default_permissions"}
-    fuse_opts |= {"fsname=rwfs", "subtype=rwfs"}
     given = {o for o in options - OUR_OPTIONS if not o.startswith("nice=")}  # FUSE's
-    fuse_opts |= given
+    # The type stays fuse.rwfs (rwfs finds its mounts by it); a given fsname wins over
+    # rwfs's (a set has no order: both would be passed, and either could win).
+    fuse_opts |= {"subtype=rwfs"} | given - {o for o in given if o.startswith("subtype=")}
+    if not any(o.startswith("fsname=") for o in given):
+        fuse_opts.add("fsname=rwfs")
     try:
         pyfuse3.init(ops, mountpoint, fuse_opts)
     except RuntimeError as exc:
