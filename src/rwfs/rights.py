@@ -48,30 +48,43 @@ def _allows(st: os.stat_result, ids: tuple[int, set[int]], want: int) -> bool:
     return bits & want == want
 
 
+def _reach(
+    root_fd: int, path: bytes, ids: tuple[int, set[int]]
+) -> tuple[os.stat_result, os.stat_result | None] | None:
+    """Walk to ``path`` as ``ids`` would: (the directory that holds its last existing
+    component, that component's stat, or None where the walk stopped at a missing name);
+    None when a directory on the way may not be searched or is not a directory."""
+    parts = path.split(b"/")
+    here = beneath.stat(root_fd, b"")
+    for i in range(len(parts)):
+        if not stat.S_ISDIR(here.st_mode) or not _allows(here, ids, 1):
+            return None
+        try:
+            st = beneath.stat(root_fd, b"/".join(parts[: i + 1]))
+        except FileNotFoundError:
+            return here, None  # the caller would make the name (and what is missing) here
+        if i == len(parts) - 1:
+            return here, st
+        here = st
+    return None
+
+
 def may_change(root_fd: int, path: bytes, who: dict[str, Any], remove: bool = False) -> bool:
     """Whether the caller ``who`` could write ``path`` (make it, if it is absent), or with
     ``remove``, unlink it."""
     ids = _ids(who)
     if ids is None:
         return True
-    parts = path.split(b"/")
-    here = beneath.stat(root_fd, b"")
-    for i in range(len(parts)):
-        if not _allows(here, ids, 1):
-            return False  # a directory on the way it cannot search
-        try:
-            st = beneath.stat(root_fd, b"/".join(parts[: i + 1]))
-        except FileNotFoundError:
-            return _allows(here, ids, 3)  # it makes the name (and what is missing) here
-        if i == len(parts) - 1:
-            if not remove:
-                return stat.S_ISREG(st.st_mode) and _allows(st, ids, 2)
-            sticky = here.st_mode & stat.S_ISVTX and ids[0] not in (st.st_uid, here.st_uid)
-            return _allows(here, ids, 3) and not sticky
-        if not stat.S_ISDIR(st.st_mode):
-            return False
-        here = st
-    return False
+    reached = _reach(root_fd, path, ids)
+    if reached is None:
+        return False
+    here, st = reached
+    if st is None:
+        return _allows(here, ids, 3)
+    if not remove:
+        return stat.S_ISREG(st.st_mode) and _allows(st, ids, 2)
+    sticky = here.st_mode & stat.S_ISVTX and ids[0] not in (st.st_uid, here.st_uid)
+    return _allows(here, ids, 3) and not sticky
 
 
 def may_read(root_fd: int, path: bytes, who: dict[str, Any]) -> bool:
@@ -79,16 +92,9 @@ def may_read(root_fd: int, path: bytes, who: dict[str, Any]) -> bool:
     ids = _ids(who)
     if ids is None:
         return True
-    parts = path.split(b"/")
-    here = beneath.stat(root_fd, b"")
-    for i in range(len(parts)):
-        if not _allows(here, ids, 1):
-            return False
-        try:
-            here = beneath.stat(root_fd, b"/".join(parts[: i + 1]))
-        except OSError:
-            return False
-    return stat.S_ISREG(here.st_mode) and _allows(here, ids, 4)
+    reached = _reach(root_fd, path, ids)
+    st = reached[1] if reached is not None else None
+    return st is not None and stat.S_ISREG(st.st_mode) and _allows(st, ids, 4)
 
 
 def require(root_fd: int, paths: dict[bytes, bool], who: dict[str, Any]) -> None:
