@@ -8,8 +8,9 @@ following it either (``O_NOFOLLOW``, ``follow_symlinks=False``). A writer throug
 may rename a directory away and plant a symlink to the host in its place between rwfs's
 check and its use; from the directory's descriptor on, nothing is looked up by name again.
 
-A path that meets a symlink, a component that is not a directory, or ``..`` fails with
-``Escape`` (an ``OSError``), before anything changed.
+A path that meets a symlink, or that leaves the workspace (``..``, an absolute path), fails
+with ``Escape`` (an ``OSError``) before anything changed; a component that is not a
+directory fails with ENOTDIR, as it would anywhere.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 class Escape(OSError):
-    """A workspace path that meets a symlink, a component that is not a directory, or
-    ``..``: rwfs does not resolve it."""
+    """A workspace path that meets a symlink or leaves the workspace: rwfs does not
+    resolve it."""
 
 
 class _OpenHow(ctypes.Structure):
@@ -90,7 +91,10 @@ def _walk(dir_fd: int, path: bytes, flags: int) -> int:
 
 def _check(path: bytes) -> None:
     """A path rwfs keeps has no empty, ``.`` or ``..`` component: one given to it that has is
-    refused, whatever the kernel would make of it."""
+    refused, whatever the kernel would make of it. A NUL byte is a ValueError, as in ``os``
+    (``openat2`` through ctypes would resolve the path only up to it)."""
+    if b"\0" in path:
+        raise ValueError("embedded null byte")
     if (
         path.startswith(b"/")
         or path.endswith(b"/")
