@@ -730,6 +730,16 @@ class Files:
             and self.journaled(dst, dst_st)
         ):
             incoming = await self.ws.keep_removed(dst, dst_st)  # keep the replaced bytes
+            # (A hard-linked file is copied in a thread: a writer may have queued a commit
+            # at either name meanwhile, which the rename would leave at a name that no
+            # longer holds its file. Then all of it again.)
+            if not (
+                self._same(carry, self._movable(src, sst, dst_st, exchange))
+                and self._same(sup, self._movable(dst, dst_st, exchange=exchange))
+            ):
+                os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
+                await self.rename(src, dst, flags, who)
+                return
         how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         moved_fd = None
         if journaled and stat.S_ISREG(sst.st_mode) and not carry and self.journaled(dst, sst):
