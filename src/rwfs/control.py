@@ -289,16 +289,22 @@ class Control:
         shared = self.ws.policy.journal_readable_by == "all"
         return (*self.ws_owner(), 0o444 if shared else 0o400)
 
-    def dir_perm(self, path: bytes) -> Perm:
-        """A directory of ``.rw/`` that stands for the workspace directory ``path``: its
-        owner, group and mode. One that is gone: the workspace owner's alone."""
+    def _lstat(self, path: bytes) -> os.stat_result | None:
         try:
-            st = beneath.stat(self.ws.root_fd, path)
+            return beneath.stat(self.ws.root_fd, path)
         except OSError:
-            st = None
+            return None
+
+    def _dir_of(self, st: os.stat_result | None) -> Perm:
+        """The owner, group and mode of a live directory; one that is gone (or is no
+        directory now): the workspace owner's alone."""
         if st is not None and stat.S_ISDIR(st.st_mode):
             return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o777
         return (*self.ws_owner(), 0o700)
+
+    def dir_perm(self, path: bytes) -> Perm:
+        """A directory of ``.rw/`` that stands for the workspace directory ``path``."""
+        return self._dir_of(self._lstat(path))
 
     def file_perm(
         self, path: bytes, owner: tuple[int, int] | None = None, mode: int | None = None
@@ -307,10 +313,7 @@ class Control:
         mode recorded for them (a version's), else the live file's, else the last ones
         the journal knows; the workspace owner's alone when nothing is known. Read-only."""
         if owner is None or mode is None:
-            try:
-                st = beneath.stat(self.ws.root_fd, path)
-            except OSError:
-                st = None
+            st = self._lstat(path)
             if st is not None and stat.S_ISREG(st.st_mode):
                 owner = owner or (st.st_uid, st.st_gid)
                 mode = stat.S_IMODE(st.st_mode) if mode is None else mode
@@ -324,15 +327,10 @@ class Control:
     def history_perm(self, path: bytes) -> Perm:
         """``history/PATH/``: a directory's owner and mode; for a file's versions (their
         names hold a prefix of their digests) the file's, listable by who may read it."""
-        try:
-            st = beneath.stat(self.ws.root_fd, path)
-        except OSError:
-            st = None
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o777
-        if path in self.history.paths:
+        st = self._lstat(path)
+        if not (st is not None and stat.S_ISDIR(st.st_mode)) and path in self.history.paths:
             return as_dir(self.file_perm(path))
-        return (*self.ws_owner(), 0o700)  # a directory that is gone
+        return self._dir_of(st)
 
     def add(
         self,
