@@ -300,7 +300,7 @@ def test_a_batchs_new_file_is_virtual_until_the_batch_commits(tree: Path, run: R
         dropped = await create(b"dropped.txt", b"dropped\n")
         seen["held"] = sorted(batch.held)
         seen["in_tree"] = sorted(os.listdir(tree))
-        await core.files.drop_virtual(dropped)  # unlink of the batch's new file
+        await core.files.drop_virtual(dropped, WHO)  # unlink of the batch's new file
         seen["after_drop"] = sorted(batch.held)
         seen["virtual"] = sorted(core.files.virtual)
         await core.batches.commit(batch)
@@ -348,6 +348,33 @@ def test_an_unlink_a_batch_takes_hides_the_file_until_the_batch_commits(
     assert not (tree / "gone.txt").exists()
     assert ("drop_entry", b"gone.txt") in core.kernel.calls  # the kernel looks it up again
     assert (tree / "other.txt").read_bytes() == b"other\n"
+
+
+def test_a_run_sessions_batch_commits_its_changes_as_the_sessions(tree: Path, run: Run) -> None:
+    # A batch of scope run is its session's: the events of its commit carry the session,
+    # and each the pid and comm of its own change's writer, a deletion's as a write's.
+    (tree / "gone.txt").write_bytes(b"bytes\n")
+    (tree / "kept.txt").write_bytes(b"old\n")
+    rm = {"pid": 4343, "comm": "rm", "uid": os.getuid(), "session": "run-7"}
+
+    async def body(core: Core) -> None:
+        batch = await core.batches.open(b"run-7-review", WHO)
+        batch.record["scope"] = {"kind": "run", "session": "run-7"}
+        assert await core.files.hide(b"gone.txt", core.inode("gone.txt"), rm)
+        i = core.inode("kept.txt")
+        await core.write(i, b"mine\n")
+        await core.files.commit(i, {**rm, "comm": "sh"})  # the session's: the batch's now
+        i.handles -= 1
+        await core.write(i, b"new\n")
+        await core.close(i)  # (WHO: a writer outside the session, into the batch's file)
+        await core.batches.commit(batch)
+
+    core = run(tree, body)
+    got = {e["path"]: e for e in core.ws.store.events() if e.get("batch") == "run-7-review"}
+    assert (got["gone.txt"]["op"], got["kept.txt"]["op"]) == ("unlink", "write")
+    assert {k: got["gone.txt"].get(k) for k in rm} == rm
+    assert {k: got["kept.txt"].get(k) for k in rm} == {**WHO, "session": "run-7"}
+    assert not (tree / "gone.txt").exists()
 
 
 def test_a_hard_linked_file_is_committed_into_its_inode_and_journaled_for_both_names(

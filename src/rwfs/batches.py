@@ -78,6 +78,22 @@ def session_of(pid: int) -> int | None:
         return None
 
 
+# What a batch's entry remembers of the writer of its latest change, and what the events of
+# the batch's commit then carry (SPEC §7.1's pid, comm, uid; the run session's name).
+WRITER_KEYS = ("pid", "comm", "uid", "session")
+
+
+def writer_of(info: dict[str, Any]) -> dict[str, Any]:
+    return {k: info[k] for k in WRITER_KEYS if info.get(k) is not None}
+
+
+def owner_session(batch: Batch) -> str | None:
+    """The run session a batch of scope ``run`` was opened for (``rwfs run --batch`` and
+    ``--review``), else None: every change such a batch commits is that session's."""
+    scope = batch.record.get("scope") or {}
+    return str(scope["session"]) if scope.get("kind") == "run" and scope.get("session") else None
+
+
 def is_explicit(receipt: dict[str, Any]) -> bool:
     """Does a receipt belong to an explicit batch (not a batch of one)?"""
     batch = receipt.get("batch")
@@ -251,6 +267,7 @@ class Batches:
                 commit.intended,
                 commit.size,
                 commit.stage.name.decode(),
+                writer_of(commit.info),
             )
             commit.batch, commit.held = batch.name, True
             commit.stage.expected = entry["expected"]
@@ -268,9 +285,11 @@ class Batches:
         intended: str | None,
         size: int,
         stage: str | None,
+        by: dict[str, Any],
     ) -> dict[str, Any]:
         """Record the batch's change of ``path`` durably. The base and the order stay those
-        of the batch's first change of the path."""
+        of the batch's first change of the path; ``by`` is its latest writer (``writer_of``),
+        whom the events of the batch's commit name."""
         key = fsdecode(path)
         entries = batch.record["entries"]
         before = entries.get(key)
@@ -280,6 +299,7 @@ class Batches:
             "size": size,
             "order": before["order"] if before else len(entries),
             "stage": stage,
+            "by": by,
             # Made again after the batch deleted it: a new file at the name (see retarget).
             **(
                 {"replace": True}
@@ -329,12 +349,14 @@ class Batches:
             batch.held[path] = commit
             await self._save(batch)
 
-    async def hide(self, batch: Batch, path: bytes, base: str | None) -> None:
-        """An unlink in the batch: the file goes when the batch commits (a deletion is a
-        held commit with no bytes: ``intended`` None)."""
+    async def hide(self, batch: Batch, path: bytes, base: str | None, who: dict[str, Any]) -> None:
+        """An unlink in the batch by ``who``: the file goes when the batch commits (a
+        deletion is a held commit with no bytes: ``intended`` None). Its event names
+        ``who``, as an unlink's own event does."""
         async with batch.lock:
-            expected = (await self._put_entry(batch, path, base, None, 0, None))["expected"]
-            gone = Commit(path, Stage(-1, b"", expected), None, 0, {}, batch=batch.name, held=True)
+            by = writer_of(who)
+            expected = (await self._put_entry(batch, path, base, None, 0, None, by))["expected"]
+            gone = Commit(path, Stage(-1, b"", expected), None, 0, by, batch=batch.name, held=True)
             replaced = batch.held.get(path)
             batch.held[path] = gone
             if replaced is not None:
@@ -410,7 +432,7 @@ class Batches:
                         "batch": batch.name,
                         "expected": commit.stage.expected,
                         "intended": commit.intended,
-                        **{k: commit.info[k] for k in ("pid", "comm", "uid") if k in commit.info},
+                        **writer_of(commit.info),
                     }
                 )
             batch.held.clear()
@@ -476,7 +498,7 @@ class Batches:
                 Stage(-1, b"", entry["expected"]),
                 entry["intended"],
                 entry["size"],
-                {"resumed": True},
+                {"resumed": True, **entry.get("by", {})},
                 batch=batch.name,
             )
             if receipt is not None:
@@ -513,7 +535,7 @@ class Batches:
                     Stage(-1, b"", entry["intended"]),
                     entry["expected"],
                     0,
-                    {"rollback": True},
+                    {"rollback": True, **entry.get("by", {})},
                     batch=batch.name,
                 )
             )
@@ -627,9 +649,12 @@ class Batches:
             return reasons
         faults.point("batch_after_dry_run")
         todo = [c for c in commits if c.outcome != "pending"]
+        owner = owner_session(batch)
         for c in todo:
             if batch.record["entries"].get(fsdecode(c.path), {}).get("replace"):
                 c.info["replace"] = True
+            if owner is not None:  # (``undo SESSION`` takes what its batch committed)
+                c.info["session"] = owner
         for c in todo:  # a conflict found at resume can still show its base
             self._keep_base(c)
         for c in todo:
@@ -839,6 +864,12 @@ class Batches:
                     "state": r["state"] if r else _unreceipted.get(batch.state, "owed"),
                     **({"receipt": r["id"]} if r else {}),
                     **({"conflict": r["conflict"]} if r and r.get("conflict") else {}),
+                    # The run session whose writer made the latest change (sessions.py).
+                    **(
+                        {"session": by["session"]}
+                        if (by := entry.get("by")) and "session" in by
+                        else {}
+                    ),
                 }
             )
         rec = batch.record

@@ -473,7 +473,7 @@ class Files:
             held.stage, inode.stage, stage.sealed = stage, stage, True
             raise
 
-    async def drop_virtual(self, inode: Inode) -> None:
+    async def drop_virtual(self, inode: Inode, who: dict[str, Any]) -> None:
         """Unlink of a file the open batch created: the batch forgets it, or, if it stood
         in for a file of the tree (removed and made again, or a temporary file renamed
         over it), deletes that file; descriptors still open keep reading and writing its
@@ -492,7 +492,7 @@ class Files:
                     if held.stage.expected is None:
                         await self.batches.unhold(batch, held.path)
                     else:
-                        await self.batches.hide(batch, held.path, held.stage.expected)
+                        await self.batches.hide(batch, held.path, held.stage.expected, who)
                         self.hidden.add(held.path)
             elif (deleting := self.batches.holding(path)) is not None:
                 if deleting.held[path].intended is None:  # made where the batch deletes one
@@ -571,18 +571,18 @@ class Files:
         if held is not None and held.held and held.path == path:
             assert inode is not None
             with self.letting_go(inode, held):
-                await self.batches.hide(batch, path, held.stage.expected)
+                await self.batches.hide(batch, path, held.stage.expected, who)
         elif held is not None and held.held:
             # One name of a hard-linked file whose draft the batch holds under another:
             # that name keeps the draft; this one's base is the file's committed bytes.
-            await self.batches.hide(batch, path, held.stage.expected)
+            await self.batches.hide(batch, path, held.stage.expected, who)
         else:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
             try:
                 base = await self.ws.digest(fd)
             finally:
                 os.close(fd)
-            await self.batches.hide(batch, path, base)
+            await self.batches.hide(batch, path, base, who)
         self.hidden.add(path)
         gone = self.inodes.detach(path)
         if gone is not None:
@@ -600,7 +600,7 @@ class Files:
         if virtual is not None:
             if is_dir:
                 raise _refused(errno.ENOTDIR)
-            await self.drop_virtual(virtual)
+            await self.drop_virtual(virtual, who)
             return
         inode = self.inodes.by_path.get(path)
         if not is_dir and await self.hide(path, inode, who):
@@ -1029,7 +1029,7 @@ class Files:
         if src_base is not None:
             # The file the batch made at src replaced one of the tree (removed, then
             # created again): moving it away leaves that one deleted.
-            await self.batches.hide(batch, src, src_base)
+            await self.batches.hide(batch, src, src_base, who)
             self.hidden.add(src)
 
     async def _gate_virtual_rename(

@@ -40,10 +40,12 @@ values are listed here, and this docstring is the canonical reference for them.
 ``batches``    — batch name (ASCII) → JSON ``{name, state, opened, opened_by, scope,
                  entries, reasons, noticed, dirs?, rolled_back?, removed?}``
                  (batches.py): ``entries`` maps each path to ``{expected, intended,
-                 size, order, stage, receipt?, done?, outcome?}`` (``stage`` is the
+                 size, order, stage, by?, receipt?, done?, outcome?}`` (``stage`` is the
                  staging file holding the draft, or null once the draft is an object;
-                 ``intended`` null: a deletion); ``dirs`` lists directories the batch
-                 made; ``removed``: rmdir'd, hidden, its name still taken;
+                 ``intended`` null: a deletion; ``by``: ``{pid, comm, uid, session?}`` of
+                 the latest change's writer, named by the commit's event); ``dirs``
+                 lists directories the batch made; ``removed``: rmdir'd, hidden, its
+                 name still taken;
                  ``state`` is ``open``, ``committing``, ``committed``, ``aborted``,
                  ``interrupted`` or ``conflicted``.
 ``notices``    — u64 id → JSON notice ``{id, ts, kind, batch, message, …}`` (SPEC §6.2).
