@@ -95,7 +95,11 @@ def test_run_edits_refuses_deletes_summary_undo(project: Path, tmp_path: Path) -
     assert "deleted 1 (old.txt)" in err
     assert "refused src/app.py: " in err and "does not parse" in err
     refused = [ln for ln in err.splitlines() if ln.startswith("  refused src/app.py")]
-    assert len(refused) == 1 and ".rw/rejected/" in refused[0]  # the draft, once
+    assert len(refused) == 1 and refused[0].count("(draft: ") == 1  # the draft, once
+    # ... at a path that is there after the unmount: the refused bytes.
+    assert Path(refused[0].rsplit("(draft: ", 1)[1].rstrip(")")).read_text() == "x = (\n"
+    leaves = [ln for ln in err.splitlines() if ln.startswith("  undo leaves ")]
+    assert len(leaves) == 1 and "passthrough paths (.git/" in leaves[0], err
     assert f"rwfs undo {name} -C {project}" in err
     assert (project / "src" / "app.py").read_text() == "x = 2\n"
     assert not (project / "old.txt").exists()
@@ -591,7 +595,7 @@ def test_run_review_on_a_terminal_asks_and_commits(project: Path) -> None:
                     "--",
                     "sh",
                     "-c",
-                    "printf 'x = 6\\n' > src/app.py",
+                    "printf 'x = 6\\n' > src/app.py; rm old.txt",
                 ],  # fmt: skip
                 ENV,
             )
@@ -611,8 +615,15 @@ def test_run_review_on_a_terminal_asks_and_commits(project: Path) -> None:
         os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 0, seen.decode(errors="replace")
     assert b"is committed" in seen
+    assert b"changed 1 (src/app.py); created 0; deleted 1 (old.txt)" in seen  # (committed)
     assert not rwfs_mounted(str(project))  # committed: nothing kept the mount
     assert (project / "src" / "app.py").read_text() == "x = 6\n"
+    assert not (project / "old.txt").exists()
+    name = seen.split(b"session ", 1)[1].split()[0].decode()
+    undo = rwfs("undo", name, "-C", str(project))  # the session's deletion comes back
+    assert undo.returncode == 0, undo.stderr
+    assert (project / "old.txt").read_text() == "to be removed\n"
+    assert (project / "src" / "app.py").read_text() == "x = 1\n"
 
 
 def test_progress_only_on_a_terminal(project: Path) -> None:

@@ -216,28 +216,51 @@ def session_events(mount: str, since: int) -> list[dict[str, Any]]:
 
 
 def summarize(mount: str, name: str, since: int, status: int, batch: str | None) -> dict[str, Any]:
+    """What session ``name`` did: its changes in the journal (``changes_in``), and those
+    an open batch still holds (its own ``batch``, or another open batch its writes
+    joined: ``held_elsewhere``), its refusals with their own reasons, its conflicts."""
     from .batches import changes_in
 
     every = session_events(mount, since)
-    changes = changes_in(every, name, "session")
+    changes = {os.fsdecode(p): c for p, c in changes_in(every, name, "session").items()}
     events = [ev for ev in every if ev.get("session") == name]
-    created = sorted(os.fsdecode(p) for p, (after, before) in changes.items() if before is None)
-    deleted = sorted(os.fsdecode(p) for p, (after, before) in changes.items() if after is None)
-    changed = sorted(
-        os.fsdecode(p) for p, (a, b) in changes.items() if a is not None and b is not None
+    held = None
+    batches = _open_batches(mount)
+    if batch is not None:
+        st = batches.get(batch) or _batch_status(mount, batch)
+        if st is None:
+            held = {"name": batch, "state": "unknown", "files": 0}
+        else:
+            held = {"name": batch, "state": st.get("state"), "files": len(st.get("paths", []))}
+            if st.get("state") == "open":  # not in the journal yet: the batch holds them
+                for p in st.get("paths", []):
+                    changes[p["path"]] = (p.get("intended"), p.get("expected"))
+    # A file some other open batch held already takes this session's write too (a file a
+    # batch holds stays in it, whoever writes it: docs/batches.md), as does every write
+    # when that batch's scope covers this session's writers. Said, never silent.
+    elsewhere = [
+        {"path": p["path"], "batch": other, "batch_session": _run_session(st)}
+        for other, st in sorted(batches.items())
+        if other != batch
+        for p in st.get("paths", [])
+        if p.get("session") == name
+    ]
+    for e in elsewhere:
+        changes.pop(e["path"], None)
+    # A file the journal says the session left, which the mount no longer shows (a
+    # directory renamed or removed with it: pytest's cache directories), is not listed
+    # as changed or created, but as gone.
+    gone = sorted(
+        p
+        for p, (after, _) in changes.items()
+        if after is not None and not os.path.lexists(os.path.join(mount, p))
     )
-    refusals = []
-    for ev in events:
-        if ev["op"] == "refuse":
-            why = _why(mount, ev["path"])
-            refusals.append(
-                {
-                    "path": ev["path"],
-                    "gate": ev.get("gate"),
-                    "reason": why.get("message") or f"refused by the {ev.get('gate')} gate",
-                    "draft": f".rw/rejected/{ev['draft']}" if ev.get("draft") else None,
-                }
-            )
+    for p in gone:
+        del changes[p]
+    created = sorted(p for p, (after, before) in changes.items() if before is None)
+    deleted = sorted(p for p, (after, before) in changes.items() if after is None)
+    changed = sorted(p for p, (a, b) in changes.items() if a is not None and b is not None)
+    refusals = [_refusal(ev) for ev in events if ev["op"] == "refuse"]
     conflicts = [
         {"path": ev["path"], "reason": ev.get("reason"), "lsn": ev["lsn"]}
         for ev in events
@@ -249,41 +272,88 @@ def summarize(mount: str, name: str, since: int, status: int, batch: str | None)
         for w in ev.get("warnings") or []
         if isinstance(w, dict)
     ]
-    held = None
-    if batch is not None:
-        try:
-            with open(os.path.join(mount, ".rw", "batches", batch, "status"), "rb") as f:
-                st = json.load(f)
-            held = {"name": batch, "state": st.get("state"), "files": len(st.get("paths", []))}
-        except (OSError, ValueError):
-            held = {"name": batch, "state": "unknown", "files": 0}
     return {
         "session": name,
         "exit_status": status,
         "changed": changed,
         "created": created,
         "deleted": deleted,
+        "gone": gone,
         "refusals": refusals,
         "conflicts": conflicts,
         "stale_write_warnings": [w for w in warnings if w.get("gate") == "stale_write"],
         "batch": held,
+        "held_elsewhere": elsewhere,
+        "undo_leaves": _undo_leaves(events),
         "undo": f"rwfs undo {name} -C {_quote(mount)}",
     }
+
+
+def _refusal(ev: dict[str, Any]) -> dict[str, Any]:
+    """A refusal as its own event tells it: its gate's words and its own draft (never the
+    file's latest ``why/``, which may be another write's)."""
+    path, gate = ev["path"], ev.get("gate")
+    because = ev.get("message") or f"the {gate} gate refused it"  # (a journal from before)
+    return {
+        "path": path,
+        "gate": gate,
+        "lsn": ev["lsn"],
+        "reason": f"Your write to {path} was refused because {because}",
+        "draft": f".rw/rejected/{ev['draft']}" if ev.get("draft") else None,
+        "intended": ev.get("intended"),
+    }
+
+
+# What ``undo SESSION`` does not put back (docs/history.md#undo), by journal op.
+_LEFT = {
+    "mkdir": "directories made",
+    "rmdir": "directories removed",
+    "symlink": "symlinks made",
+    "link": "hard links made",
+    "unjournaled": "files grown past max_journaled_bytes",
+}
+
+
+def _undo_leaves(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The session's changes that its undo leaves as they are, one entry per kind."""
+    kinds: dict[str, list[str]] = {}
+    for ev in events:
+        what = _LEFT.get(ev["op"])
+        if what is not None and ev.get("path"):
+            names = kinds.setdefault(what, [])
+            if ev["path"] not in names:
+                names.append(ev["path"])
+    return [{"kind": k, "paths": sorted(v)} for k, v in kinds.items()]
+
+
+def _batch_status(mount: str, name: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(mount, ".rw", "batches", name, "status"), "rb") as f:
+            st = json.load(f)
+        return st if isinstance(st, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _open_batches(mount: str) -> dict[str, dict[str, Any]]:
+    """The status of every open batch, by name."""
+    found = {}
+    for b in _status(mount).get("open_batch", []):
+        st = _batch_status(mount, str(b.get("name")))
+        if st is not None and st.get("state") == "open":
+            found[str(b["name"])] = st
+    return found
+
+
+def _run_session(st: dict[str, Any]) -> str | None:
+    scope = st.get("scope") or {}
+    return str(scope["session"]) if scope.get("kind") == "run" else None
 
 
 def _quote(path: str) -> str:
     import shlex
 
     return shlex.quote(path)
-
-
-def _why(mount: str, path: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(mount, ".rw", "why", path), "rb") as f:
-            got = json.load(f)
-        return got if isinstance(got, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def _names(names: list[str]) -> str:
@@ -295,19 +365,38 @@ def _names(names: list[str]) -> str:
 def render(summary: dict[str, Any]) -> Iterator[str]:
     s = summary
     yield f"rwfs run: session {s['session']} ended, exit status {s['exit_status']}"
+    b = s["batch"]
+    held = " (held in its batch, not in the tree yet)" if b and b["state"] == "open" else ""
     yield (
         f"  changed {len(s['changed'])}{_names(s['changed'])}; "
         f"created {len(s['created'])}{_names(s['created'])}; "
-        f"deleted {len(s['deleted'])}{_names(s['deleted'])}"
+        f"deleted {len(s['deleted'])}{_names(s['deleted'])}{held}"
     )
+    if s.get("gone"):
+        yield (
+            f"  gone since: {len(s['gone'])}{_names(s['gone'])}: the session wrote them, but "
+            "they are not there now (moved or removed with their directory, or by another "
+            "process)"
+        )
     for r in s["refusals"]:
-        draft = f" (draft: {r['draft']})" if r["draft"] and r["draft"] not in r["reason"] else ""
-        yield f"  refused {r['path']}: {r['reason']}{draft}"
+        draft = r.get("draft_file") or r["draft"]
+        yield f"  refused {r['path']}: {r['reason']}" + (f" (draft: {draft})" if draft else "")
     for c in s["conflicts"]:
         yield f"  conflict on {c['path']} ({c['reason']}): see .rw/conflicts/"
     for w in s["stale_write_warnings"]:
         yield f"  stale write to {w['path']}: it changed after this session read it"
-    b = s["batch"]
+    by_batch: dict[str, list[dict[str, Any]]] = {}
+    for e in s.get("held_elsewhere", []):
+        by_batch.setdefault(e["batch"], []).append(e)
+    for other, held_there in by_batch.items():
+        paths = [e["path"] for e in held_there]
+        whose = held_there[0]["batch_session"]
+        owner = f", opened for session {whose}" if whose else ""
+        yield (
+            f"  {len(paths)} written into batch {other}{owner}, which held them or takes "
+            f"this session's writes{_names(paths)}: they are that batch's now, not in the "
+            f"tree; it commits or aborts them (rwfs batch diff {other} -C {s['mount']})"
+        )
     if b is not None:
         yield f"  batch {b['name']} is {b['state']}, holding {b['files']} files"
         if b["state"] == "open":
@@ -317,8 +406,16 @@ def render(summary: dict[str, Any]) -> Iterator[str]:
             )
     if s.get("still_mounted"):
         yield f"  {s['mount']} stays mounted: {s['still_mounted']}"
-    if s["changed"] or s["created"] or s["deleted"]:
-        yield f"  undo all of it: {s['undo']}"
+    if s["changed"] or s["created"] or s["deleted"] or s["undo_leaves"]:
+        later = " (once its batch is committed)" if held else ""
+        yield f"  undo all of it{later}: {s['undo']}"
+        here = "; ".join(f"{k['kind']}{_names(k['paths'])}" for k in s["undo_leaves"])
+        yield (
+            "  undo leaves directories, symlinks, hard links and metadata other than modes"
+            f"{f' (here: {here})' if here else ''}, and what is written in place, "
+            "unjournaled: passthrough paths (.git/, node_modules/, …: see .rw/policy.toml) "
+            "and files past max_journaled_bytes"
+        )
 
 
 def diff_stat(diff: str) -> list[str]:
@@ -478,6 +575,8 @@ def _run_in(a: Any, argv: list[str], ws: str, mount: str, cwd: str, mounted_here
     if not mine:
         raise QuietError("the daemon did not open a session for this run")
     name, since = str(mine[-1]["name"]), int(mine[-1]["begin_lsn"])
+    for line in _open_before(mount, bool(a.batch or a.review)):
+        print(f"rwfs run: {line}", file=sys.stderr)
     batch = a.batch or (f"{name}-review" if a.review else None)
     if batch is not None:
         from .cli import _attempt
@@ -511,10 +610,12 @@ def _run_in(a: Any, argv: list[str], ws: str, mount: str, cwd: str, mounted_here
     summary["mount"] = mount
     summary["mounted_by_run"] = mounted_here
     if mounted_here:
-        open_batch = summary["batch"] is not None and summary["batch"]["state"] == "open"
-        if open_batch:
+        # An unmount would interrupt an open batch (docs/batches.md): the mount stays.
+        still_open = [str(b.get("name")) for b in _status(mount).get("open_batch", [])]
+        if still_open:
             summary["still_mounted"] = (
-                f"batch {batch} is open; after committing or aborting it: rwfs umount {mount}"
+                f"batch {', '.join(still_open)} is open; after committing or aborting it: "
+                f"rwfs umount {mount}"
             )
         else:
             try:
@@ -522,12 +623,58 @@ def _run_in(a: Any, argv: list[str], ws: str, mount: str, cwd: str, mounted_here
             except QuietError as exc:
                 summary["still_mounted"] = f"{exc}"
     summary["undo"] = f"rwfs undo {name} -C {_quote(ws)}"
+    for r in summary["refusals"]:  # a path to the draft that is there after this returns
+        r["draft_file"] = _draft_file(
+            r, ws, mount, not summary.get("mounted_by_run") or bool(summary.get("still_mounted"))
+        )
     if a.json:
         print(json.dumps(summary), file=sys.stderr)
     else:
         for line in render(summary):
             print(line, file=sys.stderr)
     return status
+
+
+def _open_before(mount: str, own_batch: bool) -> list[str]:
+    """What the session is told at its start about the batches open then: a write of
+    its to a file one holds goes into that batch, and so does every write of its when
+    the batch's scope covers it and the session has no batch of its own, which would be
+    newer (docs/batches.md: which batch takes a commit)."""
+    lines = []
+    for b in _status(mount).get("open_batch", []):
+        scope = b.get("scope") or {}
+        kind = scope.get("kind")
+        every = not own_batch and (
+            kind == "all"
+            or (kind == "uid" and scope.get("uid") == os.getuid())
+            or (kind == "session" and scope.get("sid") == os.getsid(0))
+        )
+        whose = f" (opened for session {scope['session']})" if kind == "run" else ""
+        what = (
+            "every write of this session goes into it"
+            if every
+            else "a write of this session to one of them goes into it"
+        )
+        lines.append(
+            f"batch {b.get('name')}{whose} is open, holding {b.get('files', 0)} files: "
+            f"{what}, not into the tree (the summary names them)"
+        )
+    return lines
+
+
+def _draft_file(refusal: dict[str, Any], ws: str, mount: str, mounted: bool) -> str | None:
+    """Where a refused draft can be read once ``rwfs run`` is done: under the mount's
+    ``.rw/rejected/`` while it stays mounted, else its object in the workspace's state
+    directory (the same bytes; ``.rw/rejected/ID`` shows them at the next mount)."""
+    if not refusal.get("draft"):
+        return None
+    if mounted:
+        return os.path.join(mount, refusal["draft"])
+    digest = str(refusal.get("intended") or "")
+    if not digest.startswith("sha256:"):
+        return None
+    hexd = digest.split(":", 1)[1]
+    return os.path.join(ws, ".rw", "objects", hexd[:2], hexd[2:])
 
 
 def _review(mount: str, batch: str) -> None:

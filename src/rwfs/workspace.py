@@ -812,6 +812,8 @@ class Workspace:
                     "path": name,
                     "batch": None,
                     "gate": first.gate,
+                    # (the gate's own words: each refusal keeps its reason, run.py's summary)
+                    "message": first.message,
                     "expected": expected,
                     "intended": intended,
                     "draft": draft_id,
