@@ -121,8 +121,8 @@ def test_a_later_session_is_told_its_write_joined_an_earlier_sessions_batch(
         # Told before COMMAND starts, and in the summary: which batch has the file now.
         assert f"batch {review} (opened for session {a}) is open, holding 1 files" in res.stderr
         lines = res.stderr.splitlines()
-        joined = [ln for ln in lines if ln.startswith(f"  1 written into batch {review}")]
-        assert len(joined) == 1 and "(src/app.py)" in joined[0], res.stderr
+        joined = [ln for ln in lines if ln.startswith(f"  went into batch {review}")]
+        assert len(joined) == 1 and f"session {a}, not into the tree: 1 (src/app.py)" in joined[0]
         assert "changed 1 (notes.txt);" in res.stderr  # src/app.py is not in the tree
         again = later.replace("x = 3", "x = 4")
         js = summary_of(rwfs("run", "--json", "--", "sh", "-c", again, cwd=project))

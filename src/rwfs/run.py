@@ -393,9 +393,9 @@ def render(summary: dict[str, Any]) -> Iterator[str]:
         whose = held_there[0]["batch_session"]
         owner = f", opened for session {whose}" if whose else ""
         yield (
-            f"  {len(paths)} written into batch {other}{owner}, which held them or takes "
-            f"this session's writes{_names(paths)}: they are that batch's now, not in the "
-            f"tree; it commits or aborts them (rwfs batch diff {other} -C {s['mount']})"
+            f"  went into batch {other}{owner}, not into the tree: {len(paths)}"
+            f"{_names(paths)}; they are that batch's changes now, and land when it is "
+            f"committed (rwfs batch diff {other} -C {s['mount']})"
         )
     if b is not None:
         yield f"  batch {b['name']} is {b['state']}, holding {b['files']} files"
