@@ -11,9 +11,11 @@ session is made, so a shell under ``rwfs run`` keeps job control).
 
 While a session is open, the daemon tags the ``who`` of each request (``fs.Operations._who``)
 with ``session: NAME``; the tag travels into every event that request journals (the
-``session`` key of SPEC §7.1's events, absent outside sessions). ``undo NAME`` then replays
-the inverse of all the events tagged ``NAME`` (``batches.changes_in``) as one batch of
-rwfs's own, ``undo-NAME``, which can itself be undone.
+``session`` key of SPEC §7.1's events, absent outside sessions); a batch opened for the
+session (scope ``run``: ``rwfs run --batch``, ``--review``) gives every event of its commit
+the session's name, whoever made the change (``batches.owner_session``). ``undo NAME``
+then replays the inverse of all the events tagged ``NAME`` (``batches.changes_in``) as one
+batch of rwfs's own, ``undo-NAME``, which can itself be undone.
 
 The journal holds a ``session`` event when a session begins (its name is ``run-<LSN of that
 event>``: unique for the life of the journal) and one when it ends (``state: "ended"``,
