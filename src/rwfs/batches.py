@@ -31,6 +31,8 @@ from typing import Any
 import trio
 
 from . import beneath, faults, rights
+from .allowances import WAIVES, Allowance, allow_hint, waivable, waive, writer_uid
+from .gates import Finding
 from .objects import EMPTY_DIGEST, open_regular
 from .store import now_iso, plain_name
 from .workspace import (
@@ -397,7 +399,14 @@ class Batches:
                     f"{first['path']}: {first['message']}"
                     + (f" (and {len(reasons) - 1} more reasons)" if len(reasons) > 1 else "")
                     + f"; the batch stays open: see .rw/batches/{batch.name}/status, fix it "
-                    "and commit again, or abort.",
+                    + (
+                        "and commit again, or abort (if that change is deliberate, its writer "
+                        "allows it with "
+                        + allow_hint(first["path"], "", self.ws.shown_at)["command"]
+                        + " and you commit again)."
+                        if first["reason"] in WAIVES
+                        else "and commit again, or abort."
+                    ),
                     batch.name,
                     first["errno"],
                     details={"reasons": reasons},
@@ -737,6 +746,8 @@ class Batches:
 
     def _dry_run(self, commits: list[Commit], gates: bool) -> list[dict[str, Any]]:
         reasons: list[dict[str, Any]] = []
+        # The writers' allowances it would use, with what they would waive.
+        allowing: list[tuple[Commit, Allowance, list[Finding]]] = []
 
         def fail(c: Commit, errno_: int, reason: str, message: str, **more: Any) -> None:
             reasons.append(
@@ -780,9 +791,28 @@ class Batches:
                 finally:
                     os.close(fd)
                 refused = [f for f in findings if f.action == "reject"]
+                if refused and waivable(refused):
+                    # Let through by its writer's allowance (allowances.py): one used by a
+                    # write into the batch goes with the batch's change of the path; one
+                    # granted since is used up if the batch commits.
+                    used = c.info.get("allowed")
+                    if used is None:
+                        uid = writer_uid(c.info)
+                        mine = self.ws.allowances.peek(uid, c.path) if uid is not None else None
+                        if mine is not None:
+                            allowing.append((c, mine, refused))
+                            used = True
+                    if used:
+                        refused = []
                 if refused:
                     code = getattr(errno, self.ws.policy.refusal_errno)
                     fail(c, code, refused[0].gate, refused[0].message, error="blocked")
+        if not reasons:
+            for c, a, found in allowing:
+                taken = self.ws.allowances.take(a.uid, c.path)
+                if taken is not None:
+                    waive(found, taken)
+                    c.info["allowed"] = taken.record()
         return reasons
 
     def _keep_base(self, c: Commit) -> None:

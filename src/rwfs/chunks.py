@@ -206,6 +206,7 @@ class Chunks:
         try:
             intended, size, _ = await ws.seal(s)
             findings = await ws.run_gates(path, base, s.fd)
+            findings, allowance = ws.let_through(path, who, findings)
             if any(f.action == "reject" for f in findings):
                 err = await ws.refuse(path, s.fd, s.expected, intended, findings, who)
                 ws.drop_stage(s)
@@ -215,8 +216,12 @@ class Chunks:
                 os.close(base)
         if intended == s.expected:
             ws.drop_stage(s)
+            if allowance is not None:  # (nothing changed: the allowance stays)
+                ws.allowances.give_back(allowance)
             return
         c = Commit(path, s, intended, size, {**who, "chunks": name})
+        if allowance is not None:
+            c.info["allowed"] = allowance.record()
         await ws.submit(c, wait=True)
         if c.outcome not in ("committed", "landed"):
             raise conflict_error(c)

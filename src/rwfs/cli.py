@@ -278,6 +278,13 @@ journaled, and a write that would break a file is refused. Its control directory
   again, and re-apply your edit in full. Your refused draft is at `.rw/rejected/<id>` (the
   envelope's `draft`). When `retry_budget` reaches 0, change strategy instead of sending
   the same text again.
+- If the refused change is deliberate (you meant to delete most of a file, keep only its
+  first lines, remove old code), do not work around the gate: run `rwfs allow PATH` (or
+  `echo 'allow PATH' > .rw/ctl`, PATH relative to the workspace's top), then write the
+  file again, or copy your draft over it (`cp .rw/rejected/<id> PATH`). The envelope's
+  `allow` gives both commands. It lets your next write of that one file through, once,
+  within 10 minutes, and the journal records it as allowed. It never lets a secret
+  through.
 - A shell redirection (`echo ... > file`) ignores these errors: after writing that way,
   check `.rw/last-error`, or that the file holds what you wrote.
 - **ESTALE** ("Stale file handle"; Node.js: "Unknown system error -116") means the file
@@ -533,6 +540,100 @@ def cmd_restore(a: argparse.Namespace) -> int:
     made = _made(mount, " ".join(["restore", a.name, *map(shlex.quote, paths)]))
     how = f" (batch {made}: undo it to go back)" if made else ""
     print(f"rwfs: restored {', '.join(paths) or 'the workspace'} to snapshot {a.name}{how}")
+    return 0
+
+
+def _live_mount(starts: list[str]) -> str:
+    """The rwfs mount holding the first of ``starts`` that is in one (or whose workspace
+    is mounted); never one made for this command: an allowance lasts only as long as the
+    mount that holds it."""
+    from .run import find_workspace
+
+    mounts = rwfs_mounts()
+    for start in starts:
+        here = os.path.realpath(start)
+        while True:
+            if here in mounts:
+                return _alive(here)
+            if here == "/":
+                break
+            here = os.path.dirname(here)
+    ws, mount = find_workspace(starts[0])
+    if mount is None:
+        raise QuietError(
+            f"{ws} is not mounted: an allowance lasts as long as the mount that holds it, so "
+            "mount it first (rwfs mount DIR, or rwfs run -- COMMAND)"
+        )
+    return _alive(mount)
+
+
+def _in_workspace(p: str, tops: list[str]) -> str:
+    """A PATH argument (relative to the current directory) as the daemon names it:
+    relative to the workspace's top; a path elsewhere as it was given (the daemon refuses
+    it, with an envelope), a relative one from outside the workspace relative to its top.
+    The last component is not resolved: a symlink is named, not followed."""
+    full = os.path.abspath(p)
+    real = os.path.join(os.path.realpath(os.path.dirname(full)), os.path.basename(full))
+    for top in tops:
+        top = os.path.realpath(top)
+        for cand in (real, full):
+            if cand == top:
+                return "."
+            if cand.startswith(top.rstrip("/") + "/"):
+                return os.path.relpath(cand, top)
+    return p if os.path.isabs(p) else os.path.normpath(p)
+
+
+def cmd_allow(a: argparse.Namespace) -> int:
+    from .allowances import ALLOW_S, WAIVES
+
+    # The workspace: -C DIR's, else the current directory's, else the first PATH's (the
+    # absolute path a refusal names works from anywhere).
+    starts = (
+        [a.directory]
+        if a.directory
+        else [".", *(os.path.dirname(os.path.abspath(p)) for p in a.paths[:1])]
+    )
+    mount = _live_mount(starts)
+    if not a.paths:
+        if a.cancel:
+            raise QuietError("rwfs allow --cancel needs the paths to cancel", 2)
+        try:
+            listed = json.loads(_read(_control(mount, "allowed")))["allowed"]
+        except PermissionError:
+            raise QuietError(
+                "only the workspace's owner (or root) may list the allowances (.rw/allowed)"
+            ) from None
+        for item in listed:
+            if a.json:
+                print(json.dumps(item))
+            else:
+                print(f"{item['path']}\tuid {item['uid']}\tuntil {item['expires']}")
+        if not listed and not a.json:
+            print("rwfs: no allowances")
+        return 0
+    from .run import mount_workspace
+
+    tops = [mount] + [w for w in (mount_workspace(mount),) if w and w != mount]
+    names = [_in_workspace(p, tops) for p in a.paths]
+    # Quoted as a shell would (a path may hold any bytes); "./-x", not an option.
+    words = [shlex.quote("./" + n if n.startswith("-") else n) for n in names]
+    _verb(
+        mount,
+        _control(mount, "ctl"),
+        " ".join(["allow", *(["--cancel"] if a.cancel else []), *words]),
+    )
+    shown = ", ".join(names)
+    if a.cancel:
+        print(f"rwfs: cancelled the allowance of {shown}: the gates judge its next write again")
+    else:
+        print(
+            f"rwfs: allowed {shown}: your next write of it (within {ALLOW_S / 60:.0f} minutes) "
+            f"is not refused by the {', '.join(WAIVES[:2])} or {WAIVES[2]} gates (the secrets "
+            "gate still judges it); "
+            "the journal records it as allowed. Write it now; "
+            f"'rwfs allow --cancel PATH' takes this back"
+        )
     return 0
 
 
@@ -802,6 +903,21 @@ def parser() -> argparse.ArgumentParser:
     )
     where(g)
     g.set_defaults(fn=cmd_gc)
+    al = verb(
+        "allow",
+        "let your next write of PATH through the gates: a deliberate change",
+        "A deliberate big change (most of a file deleted, a file cut to its first lines) "
+        "looks like a broken write to the gates. 'rwfs allow PATH' lets your next write of "
+        "each PATH (within 10 minutes, by your user only) through the truncation, elision "
+        "and syntax gates, never the secrets gate; the journal records the write as allowed. "
+        "Then write the file again, e.g. 'cp .rw/rejected/ID PATH' for a refused draft. "
+        "Without PATH: list the open allowances. The workspace must be mounted.",
+    )
+    al.add_argument("paths", nargs="*", metavar="PATH", help="files, relative to the cwd")
+    al.add_argument("--cancel", action="store_true", help="take the allowances of PATHs back")
+    al.add_argument("--json", action="store_true", help="the list as JSON lines")
+    where(al)
+    al.set_defaults(fn=cmd_allow)
     am = verb("agents-md", "print a paragraph for AGENTS.md / CLAUDE.md")
     am.add_argument(
         "--recipes", action="store_true", help="print how to hand it to common agents instead"

@@ -26,14 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import beneath, chunks, conflicts, gates, gc, handoff, parsers, scratch
+from . import beneath, chunks, conflicts, gates, gc, handoff, parsers, rights, scratch
+from .allowances import ALLOW_S, PER_USER, WAIVES, Allowance
 from .batches import modes_at
 from .history import History, Version
 from .objects import open_regular
 from .policy import Policy, PolicyError
 from .sessions import Sessions
 from .store import JournalUnavailable, now_iso, plain_name
-from .workspace import RwfsError, Workspace
+from .workspace import RwfsError, Workspace, escaped, journal_unavailable
 
 if TYPE_CHECKING:
     from .batches import Batches
@@ -259,6 +260,9 @@ class Control:
         self.verbs["session"] = self._session
         self.verbs["restore"] = self._restore
         self.verbs["gc"] = self._gc
+        self.verbs["allow"] = self._allow  # a deliberate change, let through once
+        self.add(self.root, b"allowed", lambda: _json(self._allowed())).perm = self.private
+        ws.shown_at = info.get("mountpoint")
         for layer in (scratch, chunks, handoff):  # the paper's other layers (SPEC §8)
             layer.install(self)
         # The handoff note's last_good_state names files and their digests.
@@ -766,6 +770,150 @@ class Control:
             return False
         return bool(got["removed"])
 
+    # ---- allowances (allowances.py) ----
+
+    def _allowed(self) -> dict[str, Any]:
+        return {"allowed": self.ws.allowances.views(), "expires_after_s": ALLOW_S}
+
+    async def _allow(self, args: list[str], who: dict[str, Any]) -> None:
+        """``allow PATH…``: the caller's next write of each PATH is let through the gates
+        that judge whether a file was broken; ``allow --cancel PATH…`` takes that back.
+        Every PATH is checked first: one bad PATH, and nothing is done."""
+        cancel = bool(args) and args[0] == "--cancel"
+        names = args[1:] if cancel else args
+        if not names:
+            raise _verb_error(
+                "Nothing was allowed: allow takes the paths of files, relative to the "
+                "workspace's top ('allow src/app.py'; 'allow --cancel src/app.py' takes it back)."
+            )
+        for arg in names:
+            if arg.startswith("-"):
+                raise _verb_error(
+                    f"Nothing was allowed: {_shown(arg)} is not an option of allow (its only "
+                    f"one is --cancel, first); to name a file whose name starts with '-', "
+                    f"write ./{_shown(arg)[1:-1]}."
+                )
+        uid = who.get("uid")
+        if uid is None:
+            raise _verb_error("Nothing was allowed: the caller's user is not known.")
+        paths = [self._allowable(arg, who, cancel) for arg in names]
+        if cancel:
+            mine = [p for p in paths if self.ws.allowances.peek(int(uid), p) is None]
+            if mine:
+                raise _verb_error(
+                    f"Nothing was cancelled: you hold no allowance of "
+                    f"{_shown(os.fsdecode(mine[0]))} (it was used, it expired, or it was "
+                    "never granted; .rw/allowed lists the open ones)."
+                )
+        else:
+            rights.require(self.ws.root_fd, dict.fromkeys(paths, False), who)
+            if not self.ws.allowances.room(int(uid), paths):
+                raise _verb_error(
+                    f"Nothing was allowed: a user may hold {PER_USER} allowances at once; "
+                    "write the files allowed already, or cancel some ('allow --cancel PATH')."
+                )
+        await self.ws.sync()  # (the grant follows the refusal it answers in the journal)
+        now = time.time()
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + ALLOW_S))
+        by: dict[str, Any] = {k: who[k] for k in ("pid", "comm", "uid") if k in who}
+        events = [
+            {
+                "op": "allow",
+                "path": os.fsdecode(p),
+                "batch": None,
+                "state": "cancelled" if cancel else "granted",
+                **({} if cancel else {"expires": expires, "waives": list(WAIVES)}),
+                **by,
+                **({"session": who["session"]} if who.get("session") else {}),
+            }
+            for p in paths
+        ]
+
+        def journal(txn: Any) -> list[int]:
+            return [txn.append_event(ev) for ev in events]
+
+        try:
+            lsns = await trio.to_thread.run_sync(self.ws.store.write, journal)
+        except JournalUnavailable as exc:
+            raise journal_unavailable(b".rw/ctl", str(exc)) from None
+        deadline = time.monotonic() + ALLOW_S
+        for p, lsn in zip(paths, lsns, strict=True):
+            if cancel:
+                self.ws.allowances.cancel(int(uid), p)
+                continue
+            self.ws.allowances.grant(
+                Allowance(p, int(uid), lsn, now_iso(), expires, deadline, by=by)
+            )
+
+    def _allowable(self, arg: str, who: dict[str, Any], cancel: bool) -> bytes:
+        """The workspace path ``arg`` names, if an allowance of it makes sense: a regular
+        file (or one an open batch shows), or a name the caller could create in a
+        directory that exists (a file saved by removal and re-creation is judged against
+        the one removed). Anything else is refused, with nothing done."""
+
+        def bad(why: str, code: int = errno.EINVAL) -> RwfsError:
+            return RwfsError(
+                code,
+                "policy_violation",
+                "verb",
+                f"Nothing was allowed: {_shown(arg)} {why}.",
+                path=".rw/ctl",
+            )
+
+        raw = os.fsencode(arg)
+        if not raw:
+            raise bad("is empty; give the path of a file, relative to the workspace's top")
+        if b"\0" in raw:
+            raise bad("holds a NUL byte, which no file name can")
+        if raw.startswith(b"/") or b".." in raw.split(b"/"):
+            raise bad(
+                "is outside the workspace, or names it through '..'; give the path relative "
+                "to the workspace's top, such as src/app.py (rwfs allow turns a path into that)"
+            )
+        path = os.path.normpath(raw)
+        if len(path) > 4095 or any(len(n) > 255 for n in path.split(b"/")):
+            raise bad("is longer than a path can be (names up to 255 bytes, paths up to 4,095)")
+        if path == b".rw" or path.startswith(b".rw/"):
+            raise bad("is in rwfs's control directory, which no gate judges")
+        if path == b".":
+            raise bad("is the workspace's top, a directory; an allowance is for one file")
+        if cancel:
+            return path
+        try:
+            st: os.stat_result | None = beneath.stat(self.ws.root_fd, path)
+        except beneath.Escape as exc:
+            raise escaped(exc) from None
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            raise bad(f"cannot name a file ({exc.strerror})") from None
+        if st is None and self.virtual(path):
+            return path  # a new file of an open batch: only its draft exists
+        if st is None:
+            parent = os.path.dirname(path)
+            try:
+                pst = beneath.stat(self.ws.root_fd, parent)
+            except beneath.Escape as exc:
+                raise escaped(exc) from None
+            except OSError:
+                pst = None
+            if pst is None or not stat.S_ISDIR(pst.st_mode):
+                raise bad(
+                    f"does not exist, and cannot be created: {os.fsdecode(parent)} is not a "
+                    "directory"
+                )
+            return path  # rights.require: the caller could create it there
+        if stat.S_ISDIR(st.st_mode):
+            raise bad(
+                "is a directory; an allowance is for one file: name each file (allow takes "
+                "several paths)"
+            )
+        if stat.S_ISLNK(st.st_mode):
+            raise bad("is a symlink, which rwfs does not follow; name the file it points to")
+        if not stat.S_ISREG(st.st_mode):
+            raise bad("is not a regular file, and no gate judges it")
+        return path
+
     async def _sync(self, args: list[str], who: dict[str, Any]) -> None:
         no_args(args, "sync", ".rw/ctl")
         await self.ws.sync()
@@ -795,6 +943,11 @@ class Control:
             ) from None
         write_state_file(self.ws.state_fd, b"policy.toml", data)
         self.ws.policy = policy
+
+
+def _shown(arg: str) -> str:
+    """A path given to a verb, quoted (and cut short) for a message."""
+    return repr(arg[:60] + ("…" if len(arg) > 60 else ""))
 
 
 def as_dir(perm: Perm) -> Perm:

@@ -112,6 +112,7 @@ from typing import Any, Protocol
 import trio
 
 from . import faults
+from .allowances import Allowance
 from .batches import Batches
 from .inodes import Inode, InodeTable
 from .objects import EMPTY_DIGEST, open_regular
@@ -676,6 +677,7 @@ class Files:
         if self.batch_rename(src, dst, who):
             raise _refused(errno.EXDEV)
         exchange = bool(flags & RENAME_EXCHANGE)
+        allowance: Allowance | None = None  # the writer's, of dst, that this rename uses
         # A commit names its path, which the rename would make stale (a conflict, ESTALE
         # to a writer waiting in fsync). A regular file's commits still queued move with
         # it (``carry``: the save of a temporary file renamed over its target) or, at the
@@ -708,7 +710,7 @@ class Files:
                 and stat.S_ISREG(sst.st_mode)
             ):
                 shown = (carry[-1].stage.fd if carry else -1, sup[-1].stage.fd if sup else -1)
-                await self.gate_rename(src, dst, who, *shown)
+                allowance = await self.gate_rename(src, dst, who, *shown, taken=allowance)
             if self._same(carry, self._movable(src, sst, dst_st, exchange)) and self._same(
                 sup, self._movable(dst, dst_st, exchange=exchange)
             ):
@@ -738,6 +740,8 @@ class Files:
                 and self._same(sup, self._movable(dst, dst_st, exchange=exchange))
             ):
                 os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
+                if allowance is not None:  # (gated again there)
+                    self.ws.allowances.give_back(allowance)
                 await self.rename(src, dst, flags, who)
                 return
         how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -758,6 +762,8 @@ class Files:
             extra["supersedes"] = [c.id for c in sup]
         if stat.S_ISREG(sst.st_mode) and not exchange:  # .rw/ shows its versions with them
             extra.update(mode=stat.S_IMODE(sst.st_mode), owner=[sst.st_uid, sst.st_gid])
+        if allowance is not None:  # let through by an allowance (allowances.py)
+            extra["allowed"] = allowance.record()
         try:
             with self.ws.operation(
                 journaled,
@@ -779,6 +785,8 @@ class Files:
         except OSError:
             if incoming is not None:
                 os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
+            if allowance is not None:  # nothing was renamed: the allowance stays
+                self.ws.allowances.give_back(allowance)
             for fd in (moved_fd, removed):
                 if fd is not None:
                     os.close(fd)
@@ -1048,6 +1056,9 @@ class Files:
         try:
             old_fd = old_held.stage.fd if old_held is not None else fd
             findings = await self.ws.run_gates(dst, old_fd, held.stage.fd)
+            findings, allowance = self.ws.let_through(dst, who, findings)
+            if allowance is not None:  # (the batch's change of dst, from now on)
+                held.info["allowed"] = allowance.record()
             if any(f.action == "reject" for f in findings):
                 shown = old_held.intended if old_held is not None else base
                 with borrowed(held.stage.fd) as (new_fd,):
@@ -1059,12 +1070,19 @@ class Files:
                 os.close(fd)
 
     async def gate_rename(
-        self, src: bytes, dst: bytes, who: dict[str, Any], src_fd: int = -1, dst_fd: int = -1
-    ) -> None:
+        self,
+        src: bytes,
+        dst: bytes,
+        who: dict[str, Any],
+        src_fd: int = -1,
+        dst_fd: int = -1,
+        taken: Allowance | None = None,
+    ) -> Allowance | None:
         """A rename onto a journaled file is a commit of it: the gates see the moved bytes,
         and a refusal fails the rename() with both files as they were. ``src_fd``,
         ``dst_fd``: the bytes the mount shows there when the tree does not hold them yet
-        (a commit still queued)."""
+        (a commit still queued). Returns the writer's allowance of ``dst`` this rename used
+        (``taken``: the one it used when it was gated before, applied again)."""
         how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
         def shown(fd: int, path: bytes) -> int:
@@ -1075,6 +1093,7 @@ class Files:
             old_fd = shown(dst_fd, dst)
             try:
                 findings = await self.ws.run_gates(dst, old_fd, new_fd)
+                findings, taken = self.ws.let_through(dst, who, findings, taken)
                 if any(f.action == "reject" for f in findings):
                     expected, intended = await self.ws.digest(old_fd), await self.ws.digest(new_fd)
                     err = await self.ws.refuse(dst, new_fd, expected, intended, findings, who)
@@ -1086,6 +1105,7 @@ class Files:
                 os.close(old_fd)
         finally:
             os.close(new_fd)
+        return taken
 
     async def commit(self, inode: Inode, ctx_info: dict[str, Any], wait: bool = False) -> None:
         """A commit point (SPEC §3.2 step 2): seal the stage and hand it to the committer."""
@@ -1174,6 +1194,13 @@ class Files:
             # Renamed during the seal, or the batch ended meanwhile: gate it as what it
             # is now, against what the mount shows now.
             findings = await self.ws.run_gates(path, base_fd, stage.fd, stage.cut_last)
+        # The writer's allowance of this path, if it has one, is used up here and waives
+        # what it may (allowances.py). Within a batch it goes with the batch's change.
+        findings, allowance = self.ws.let_through(path, ctx_info, findings)
+        if allowance is None and held is not None and "allowed" in held.info:
+            allowance_record: dict[str, Any] | None = held.info["allowed"]
+        else:
+            allowance_record = allowance.record() if allowance is not None else None
         if any(f.action == "reject" for f in findings):
             # Refused: the draft is kept, the stage goes, the file reads as before.
             put_back = removed is not None and held is None and base_fd == removed
@@ -1197,6 +1224,8 @@ class Files:
             info["warnings"] = [
                 {"gate": f.gate, "message": f.message, **f.details} for f in findings
             ]
+        if allowance_record is not None:
+            info["allowed"] = allowance_record
         stale, read_fd = self._stale_read(inode, ctx_info), -1
         if stale is None:
             stale, read_fd = await self._replaced_read(inode, path, ctx_info, shown)
@@ -1214,6 +1243,8 @@ class Files:
                         read_fd=rfd,
                     )
                 await self._unstage(inode, held, stage)
+                if allowance is not None:  # the write did not happen: the allowance stays
+                    self.ws.allowances.give_back(allowance)
                 if wait:
                     self.kernel.invalidate(inode)
                 else:
@@ -1257,6 +1288,8 @@ class Files:
                     inode.stage = self.beneath(inode)
                 self.ws.drop_stage(stage)
                 self.kernel.invalidate(inode)
+                if allowance is not None:
+                    self.ws.allowances.give_back(allowance)
             raise
 
     def path_removed(self, path: bytes, who: dict[str, Any], fd: int) -> None:

@@ -17,7 +17,9 @@ values are listed here, and this docstring is the canonical reference for them.
                  they do not apply). An event written by a process of an ``rwfs run``
                  session also has ``session`` (its name, sessions.py); ``op: "session"``
                  events (``path`` null, ``state`` ``begun`` or ``ended``, ``exit``) mark
-                 where a session begins and ends.
+                 where a session begins and ends. ``op: "allow"`` events (``state``
+                 ``granted``, with ``expires`` and ``waives``, or ``cancelled``) record an
+                 allowance (allowances.py); a write it let through has ``allowed``.
 ``receipts``   — u64 receipt id → JSON receipt ``{id, batch, path, expected, intended,
                  state, stage, lsn, ts}``; ``state`` is ``prepared``, ``committed``,
                  ``conflict``, ``pending`` or ``aborted`` (an owed write an abort or a

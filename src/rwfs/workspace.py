@@ -27,6 +27,7 @@ from typing import Any
 import trio
 
 from . import beneath, faults, gates, parsers
+from .allowances import Allowance, Allowances, allow_hint, waivable, waive, writer_uid
 from .intents import IntentLog
 from .objects import (
     EMPTY_DIGEST,
@@ -348,6 +349,8 @@ class Workspace:
         # staging names dropped meanwhile, unlinked after that sync (``drop_stage``).
         self._unsynced: list[bytes] | None = None
         self._budget: dict[tuple[bytes, str], int] = {}  # retries left per (path, refused bytes)
+        self.allowances = Allowances()  # deliberate changes, let through once (allowances.py)
+        self.shown_at: str | None = None  # the mount point, for the commands a refusal names
         self._spares: collections.deque[bytes] = collections.deque()  # staging names (_spare)
         self.stats = Stats()
         self.journal = JournalState()
@@ -782,6 +785,29 @@ class Workspace:
         if parsers.prime(path, data):
             self.stats.count("gates.primed")
 
+    def let_through(
+        self,
+        path: bytes,
+        who: dict[str, Any],
+        findings: list[gates.Finding],
+        taken: Allowance | None = None,
+    ) -> tuple[list[gates.Finding], Allowance | None]:
+        """Where gate findings become a refusal: the writer's allowance of ``path``, if it
+        has one, is used up by this commit and waives what it may (allowances.py). Returns
+        the findings left and the allowance used (its ``record()`` goes in the commit's
+        event as ``allowed``). ``taken``: one this same operation used already (a rename
+        gated again), applied again without taking another."""
+        if taken is None:
+            uid = writer_uid(who)
+            if uid is None or not waivable(findings):
+                return findings, None  # rwfs's own write; or refused for a secret anyway
+            taken = self.allowances.take(uid, path)
+            if taken is None:
+                return findings, None
+            self.stats.count("allowed")
+        taken.waived = []
+        return waive(findings, taken), taken
+
     async def refuse(
         self,
         path: bytes,
@@ -826,18 +852,29 @@ class Workspace:
         # older one. (Not when the journal is failing: the event waits in the queue.)
         with contextlib.suppress(RwfsError, JournalUnavailable):
             await self.sync()
-        if first.gate == "secrets":  # (re-applying the same edit would bring it back)
+        allow = None
+        if not waivable(findings):  # a secret: re-applying the same edit would bring it back
             todo = (
                 "take the secret out of the text, or keep it in .rw/scratch/, outside the "
                 f"tree, and write the file again; your draft is at {draft}"
             )
-        elif left > 0:
-            todo = f"read {name} again and re-apply your edit in full; your draft is at {draft}"
         else:
-            todo = (
-                "this same text has been refused before, so change strategy (for example, "
-                f"write the complete file or a smaller edit) instead of retrying; your draft is at {draft}"
+            # A deliberate change has a way through (allowances.py), named at every such
+            # refusal: the gates cannot tell it from an accident, the writer can.
+            allow = allow_hint(name, draft, self.shown_at)
+            deliberate = (
+                f"if the change is deliberate, allow it with {allow['command']} and write "
+                f"it again (to write your draft: {allow['then']})"
             )
+            if left > 0:
+                todo = f"read {name} again and re-apply your edit in full, or, {deliberate}"
+            else:
+                todo = (
+                    f"this same text has been refused before: {deliberate}; otherwise change "
+                    "strategy (for example, write the complete file or a smaller edit) instead "
+                    "of retrying"
+                )
+            todo += f"; your draft is at {draft}"
         return RwfsError(
             getattr(errno, self.policy.refusal_errno),
             "blocked",
@@ -857,6 +894,7 @@ class Workspace:
             comm=info.get("comm"),
             uid=info.get("uid"),
             gid=info.get("gid"),
+            **({"allow": allow} if allow is not None else {}),
         )
 
     async def stale_conflict(
@@ -1925,6 +1963,8 @@ def record_commit(txn: Any, c: Commit) -> None:
     if c.info.get("warnings"):
         ev["warnings"] = c.info["warnings"]
         txn.bump("warnings")
+    if c.info.get("allowed") and written:  # let through by an allowance (allowances.py)
+        ev["allowed"] = c.info["allowed"]
     if c.outcome == "conflict":
         ev["actual"] = c.info.get("actual")
     if c.info.get("recovered"):
