@@ -312,3 +312,20 @@ def test_waive_keeps_what_an_allowance_does_not_cover() -> None:
     assert box.peek(0, b"f") is None
     hint = allow_hint("-x y.txt", ".rw/rejected/ID", None)
     assert hint["ctl"] == "allow './-x y.txt'" and hint["command"] == "rwfs allow './-x y.txt'"
+
+
+def test_let_through_is_the_writers_once_and_never_past_a_secret(ws: Any) -> None:
+    a = Allowance(b"f", 5, 1, "t", "t", 1e18, by={"pid": 9, "comm": "agent", "uid": 5})
+    ws.allowances.grant(a)
+    cut, secret = Finding("truncation", "cut short"), Finding("secrets", "a key")
+    assert ws.let_through(b"f", {"uid": 6}, [cut]) == ([cut], None)  # another user's write
+    assert ws.let_through(b"f", {}, [cut]) == ([cut], None)  # rwfs's own
+    assert ws.let_through(b"f", {"uid": 5}, [cut, secret]) == ([cut, secret], None)
+    left, used = ws.let_through(b"f", {"uid": 5}, [cut])
+    assert left == [] and used is a
+    record = a.record()
+    assert record["comm"] == "agent" and record["lsn"] == 1
+    assert record["waived"] == [{"gate": "truncation", "message": "cut short"}]
+    assert ws.let_through(b"f", {"uid": 5}, [cut]) == ([cut], None)  # once
+    ws.allowances.give_back(a)  # the write failed after all
+    assert ws.let_through(b"f", {"uid": 5}, [cut])[1] is a
