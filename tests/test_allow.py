@@ -87,6 +87,8 @@ def test_a_deliberate_deletion_goes_through_by_the_way_its_refusal_names(
     [open_one] = allowed(m)
     assert open_one["path"] == "tests.txt" and open_one["uid"] == 0
     assert open_one["lsn"] == grant["lsn"]
+    status = json.loads(rwfs("status", "--json", cwd=m.path).stdout)
+    assert status["allowed"] == [open_one]  # rwfs status shows it too
 
     subprocess.run(shlex.split(hint["then"]), check=True, timeout=30)  # the refused draft
     assert f.read_text() == KEPT

@@ -593,6 +593,8 @@ class Control:
                 self.batches.summary(b) for b in self.batches.all.values() if b.state == "open"
             ],
             "sessions": self._sessions(),
+            # Open allowances (allow PATH): whose, of what, until when (also .rw/allowed).
+            "allowed": self.ws.allowances.views(),
             "journal_bytes": self.ws.store.size_bytes(),
             "journal_ok": self.ws.journal_ok,
             # Whether LMDB commits, since when it does not, and the commits it still owes.
