@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import pytest
 from conftest import RWFS, Mount, rwfs_mounted
 
 
@@ -145,3 +147,84 @@ def test_a_stopped_daemon_elsewhere_does_not_hang_a_verb_here(mount: Mount, tmp_
     finally:
         os.kill(mount.proc.pid, signal.SIGCONT)
     assert res.returncode == 0 and "agree" in res.stdout, res
+
+
+# The modules only the daemon needs: a verb that imports them starts several times slower.
+DAEMON_MODULES = ("trio", "pyfuse3", "rwfs.fs", "rwfs.control", "rwfs.workspace", "rwfs.batches")
+
+_IMPORTS = """\
+import sys
+import rwfs.cli
+try:
+    rwfs.cli.main(sys.argv[2:])
+except SystemExit:
+    pass
+with open(sys.argv[1], "w") as f:
+    f.write("\\n".join(sys.modules))
+"""
+
+
+def _daemon_modules_of(tmp_path: Path, *args: str) -> list[str]:
+    out = tmp_path / "modules.txt"
+    res = subprocess.run(
+        [RWFS[0], "-c", _IMPORTS, str(out), *args], capture_output=True, text=True, timeout=60
+    )
+    assert "Traceback" not in res.stderr, res.stderr
+    mods = out.read_text().split("\n")
+    return [m for m in mods if m in DAEMON_MODULES or m.split(".")[0] in DAEMON_MODULES[:2]]
+
+
+def test_verbs_start_without_the_daemons_modules(workspace: Path, tmp_path: Path) -> None:
+    (workspace / "a.txt").write_text("one\n")
+    m = Mount(workspace).start()
+    (workspace / "a.txt").write_text("two\n")
+    m.stop()
+    ws = str(workspace)
+    for args in (("--help",), ("status", ws), ("status", "--json", ws), ("log", "-C", ws)):
+        assert _daemon_modules_of(tmp_path, *args) == [], args
+    assert rwfs("mount", ws).returncode == 0
+    try:
+        for args in (("status", ws), ("log", "-C", ws), ("undo", "-C", ws, "nosuch")):
+            assert _daemon_modules_of(tmp_path, *args) == [], args
+    finally:
+        assert rwfs("umount", ws).returncode == 0
+
+
+def test_umount_returns_once_the_daemons_pid_is_gone(workspace: Path) -> None:
+    res = rwfs("mount", str(workspace))
+    assert res.returncode == 0, res.stderr
+    try:
+        pid = json.loads((workspace / ".rw" / "status").read_text())["pid"]
+        (workspace / "a.txt").write_text("one\n")
+    finally:
+        res = rwfs("umount", str(workspace))
+    assert res.returncode == 0, res.stderr
+    # Not even a zombie: the daemon's parent reaped it before umount returned.
+    assert not os.path.exists(f"/proc/{pid}")
+    assert (workspace / "a.txt").read_text() == "one\n"
+
+
+def test_umount_says_when_the_daemon_does_not_exit(
+    mount: Mount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rwfs import mount as mounting
+
+    assert mount.proc is not None
+    pid = mount.proc.pid
+    real_run = subprocess.run
+
+    def run(cmd: list[str], **kw: Any) -> Any:
+        if cmd[0] == "fusermount3":  # the daemon stops just as it is unmounted
+            os.kill(pid, signal.SIGSTOP)
+        return real_run(cmd, **kw)
+
+    monkeypatch.setattr(mounting.subprocess, "run", run)
+    try:
+        with pytest.raises(mounting.QuietError) as err:
+            mounting.umount(str(mount.path), timeout=0.5)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    said = str(err.value)
+    assert f"its daemon (pid {pid}) has not exited after 0.5s" in said, said
+    assert "unmounted" in said and "Wait for it to exit" in said
+    assert not rwfs_mounted(str(mount.path))

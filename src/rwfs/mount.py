@@ -94,9 +94,6 @@ def refuse_nesting(workspace: str, mountpoint: str) -> None:
 
 def open_state(workspace_fd: int, create: bool) -> int:
     """Open (or make) WORKSPACE/.rw, refusing a ``.rw`` that is not rwfs state."""
-    from .control import write_state_file
-    from .policy import DEFAULT_TEXT
-
     try:
         fd = os.open(b".rw", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=workspace_fd)
     except FileNotFoundError:
@@ -104,6 +101,10 @@ def open_state(workspace_fd: int, create: bool) -> int:
             raise QuietError(
                 "this directory has no rwfs state (.rw): it was never mounted"
             ) from None
+        # (imported here: the verbs that only open a workspace's state need neither)
+        from .control import write_state_file
+        from .policy import DEFAULT_TEXT
+
         os.mkdir(b".rw", 0o700, dir_fd=workspace_fd)
         fd = os.open(b".rw", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=workspace_fd)
         write_state_file(fd, STATE_MARK, b"This directory holds rwfs state. Do not edit.\n")
@@ -342,6 +343,33 @@ def _quiet_stdio(state_fd: int) -> None:
     os.close(devnull)
 
 
+# The background daemon's parent, a small process of its own (python -I -S, no rwfs
+# module): it starts the daemon, lets go of the ready pipe and of the caller's stdio (a
+# caller reading ``rwfs mount``'s output waits for their end), and waits for the daemon.
+# When the daemon exits its pid is gone at once, reaped here, instead of staying a zombie
+# until init gets to it (seconds on some machines), so that ``rwfs umount`` can return
+# when the daemon's pid is gone. It exits with the daemon's status (128+N for signal N).
+KEEPER = """\
+import os, signal, sys
+for sig in (signal.SIGINT, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN)
+pid = os.fork()
+if pid == 0:
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execv(sys.argv[2], sys.argv[2:])
+    finally:
+        os._exit(127)
+os.close(int(sys.argv[1]))
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+os._exit(128 - code if code < 0 else code)
+"""
+
+
 def spawn(workspace: str, mountpoint: str, options: list[str], as_json: bool = False) -> None:
     """Start the daemon in the background; return once the mount is ready or failed."""
     rfd, wfd = os.pipe()
@@ -352,7 +380,11 @@ def spawn(workspace: str, mountpoint: str, options: list[str], as_json: bool = F
     cmd += [os.path.abspath(workspace), os.path.abspath(mountpoint)]
     # (cwd "/": the daemon must not resolve anything through its own mount, see _leave)
     proc = subprocess.Popen(
-        cmd, pass_fds=[wfd], start_new_session=True, stdin=subprocess.DEVNULL, cwd="/"
+        [sys.executable, "-I", "-S", "-c", KEEPER, str(wfd), *cmd],
+        pass_fds=[wfd],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        cwd="/",
     )
     os.close(wfd)
     with os.fdopen(rfd, "rb") as r:
@@ -439,6 +471,7 @@ def umount(
         return
     status = mount_status(mountpoint)
     pid = int(status.get("pid", 0))
+    born = _proc_stat(pid)[1] if pid else None  # (to know it from a later process of its pid)
     workspace = str(status.get("workspace", ""))
     queued = status.get("journal", {}).get("queued_commits", 0)
     if queued:
@@ -483,14 +516,12 @@ def umount(
             file=sys.stderr,
         )
         return
-    deadline = time.monotonic() + timeout
-    while pid and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-        if _is_zombie(pid):
-            break
-        time.sleep(0.05)
-    if pid and os.path.exists(f"/proc/{pid}") and not _is_zombie(pid):
+    if pid and not wait_gone(pid, born, timeout):
         raise QuietError(
-            f"the daemon (pid {pid}) is still finishing its commits after {timeout:.0f}s"
+            f"{mountpoint} is unmounted, but its daemon (pid {pid}) has not exited after "
+            f"{timeout:g}s: it is still finishing its commits (a background daemon logs "
+            f"to {workspace}/.rw/daemon.log). Wait for it to exit before mounting "
+            f"{workspace} again: a second daemon is refused while it runs"
         )
     owed = owed_commits(workspace) if workspace else 0
     if owed:
@@ -555,12 +586,40 @@ def daemon_pid(mountpoint: str) -> int:
         return 0
 
 
-def _is_zombie(pid: int) -> bool:
+def _proc_stat(pid: int) -> tuple[str, str] | tuple[None, None]:
+    """(state, start time) of process ``pid`` from /proc, or (None, None) once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), fields[19].decode()
     except (OSError, IndexError):
-        return True
+        return None, None
+
+
+# How long a daemon that has exited (a zombie: it holds no file, lock or mount any more)
+# is waited for to be reaped by its parent. The keeper of a background daemon reaps it
+# at once; a parent that does not wait for its children (a test harness holding a
+# foreground daemon) is not waited for longer than this.
+REAP_WAIT = 0.5
+
+
+def wait_gone(pid: int, born: str | None, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for process ``pid`` (started at ``born``, its /proc
+    start time) to exit; whether it did."""
+    deadline = time.monotonic() + timeout
+    exited = None
+    while True:
+        state, start = _proc_stat(pid)
+        if state is None or start != born:  # gone (and its pid perhaps taken again)
+            return True
+        now = time.monotonic()
+        if state == "Z":
+            exited = exited or now
+            if now - exited >= REAP_WAIT:
+                return True
+        elif now >= deadline:
+            return False
+        time.sleep(0.01)
 
 
 def locate(path: str) -> tuple[str, str, dict[str, Any] | None]:
