@@ -228,3 +228,34 @@ def test_umount_says_when_the_daemon_does_not_exit(
     assert f"its daemon (pid {pid}) has not exited after 0.5s" in said, said
     assert "unmounted" in said and "Wait for it to exit" in said
     assert not rwfs_mounted(str(mount.path))
+
+
+def test_mkdir_of_a_taken_batch_name_puts_its_own_envelope(mount: Mount) -> None:
+    top = mount.path / ".rw" / "batches"
+    (top / "b1").mkdir()
+
+    def other_error() -> None:  # a different envelope in last-error first
+        with pytest.raises(OSError):
+            (mount.path / ".rw" / "ctl").write_text("nosuchverb\n")
+        assert "not a known verb" in (mount.path / ".rw" / "last-error").read_text()
+
+    other_error()
+    # The kernel sees b1 exists and fails the mkdir itself, without asking the daemon.
+    with pytest.raises(FileExistsError):
+        (top / "b1").mkdir()
+    env = json.loads((mount.path / ".rw" / "last-error").read_text())
+    assert env["errno"] == "EEXIST" and env["batch"] == "b1", env
+    assert "name b1 is taken" in env["message"] and "choose another name" in env["message"]
+    other_error()
+    res = subprocess.run(["mkdir", "b1/"], cwd=top, capture_output=True, text=True)
+    assert res.returncode == 1 and "File exists" in res.stderr  # (relative, trailing /)
+    assert "name b1 is taken" in (mount.path / ".rw" / "last-error").read_text()
+    other_error()
+    # A lookup of b1 on the way to something else is no mkdir of b1.
+    with pytest.raises(OSError):
+        (top / "b1" / "sub").mkdir()
+    assert "taken" not in (mount.path / ".rw" / "last-error").read_text()
+    assert (top / "b1" / "status").exists()
+    assert "taken" not in (mount.path / ".rw" / "last-error").read_text()
+    (top / "b1" / "ctl").write_text("abort\n")
+

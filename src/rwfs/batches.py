@@ -153,21 +153,24 @@ class Batches:
 
     # ---- lifecycle ----
 
+    def taken(self, name: str) -> RwfsError | None:
+        """The refusal of ``mkdir batches/NAME`` for a name a batch has, else None."""
+        if name not in self.all:
+            return None
+        gone = self.all[name].record.get("removed")
+        now = "existed before: the journal keeps its name" if gone else f"is {self.all[name].state}"
+        return _err(
+            f"No batch was opened because the name {name} is taken (batch {name} {now}); "
+            "choose another name.",
+            name,
+            errno.EEXIST,
+        )
+
     async def open(self, raw_name: bytes, who: dict[str, Any]) -> Batch:
         name = check_name(raw_name)
-        if name in self.all:
-            gone = self.all[name].record.get("removed")
-            now = (
-                "existed before: the journal keeps its name"
-                if gone
-                else f"is {self.all[name].state}"
-            )
-            raise _err(
-                f"No batch was opened because the name {name} is taken (batch {name} {now}); "
-                "choose another name.",
-                name,
-                errno.EEXIST,
-            )
+        taken = self.taken(name)
+        if taken is not None:
+            raise taken
         # The opener's writes only, until a scope verb says otherwise (SPEC §3.3b).
         batch = self.all[name] = Batch(_record(name, OPEN, who, "uid", {}))
         batch.record["scope"]["uid"] = who.get("uid", 0)

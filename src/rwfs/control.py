@@ -193,6 +193,9 @@ class CDir(CNode):
     find: Callable[[bytes], CNode | None] | None = None
     unlisted: set[bytes] = field(default_factory=set)  # children readdir does not show
     perm: Callable[[], Perm] | None = None  # None: the daemon's, 0755
+    # Told of every lookup of a child, with the caller's thread id (batches/: a mkdir
+    # of a name that exists is refused by the kernel after this lookup, unasked).
+    looked_up: Callable[[bytes, int], None] | None = None
 
 
 class Control:
@@ -1010,6 +1013,7 @@ class BatchViews:
         self.c = control
         self.top = top
         top.refresh, top.mkdir, top.rmdir = self.refresh, self.mkdir, self.rmdir
+        top.looked_up = self.looked_up
 
     def refresh(self) -> None:
         names = {n.encode() for n, b in self.c.batches.all.items() if not b.record.get("removed")}
@@ -1068,9 +1072,55 @@ class BatchViews:
         await self.c.batches.open(name, who)
         self.refresh()
 
+    def looked_up(self, name: bytes, tid: int) -> None:
+        """``mkdir batches/NAME`` of a NAME that exists: the kernel finds the directory
+        by this lookup and fails the mkdir with EEXIST itself, so the daemon never hears
+        of the mkdir. The lookup is its only chance to put the refusal's envelope in
+        ``last-error``, as every other refusal does."""
+        taken = self.c.batches.taken(name.decode("utf-8", "replace"))
+        if taken is not None and making_dir(tid, name):
+            self.c.fail(taken)
+
     async def rmdir(self, name: bytes) -> None:
         await self.c.batches.forget(name.decode("utf-8", "replace"))
         self.refresh()
+
+
+# mkdir(2) and mkdirat(2) by syscall number, with the index of their path argument, per
+# machine (asm/unistd.h); elsewhere ``making_dir`` cannot tell.
+_MKDIR_CALLS = {
+    "x86_64": {83: 0, 258: 1},
+    "aarch64": {34: 1},
+    "riscv64": {34: 1},
+    "i686": {39: 0, 296: 1},
+}.get(os.uname().machine, {})
+
+
+def making_dir(tid: int, name: bytes) -> bool:
+    """Is thread ``tid``, the caller of a FUSE request, in a mkdir(2) of a path whose
+    last component is ``name``? Read from /proc (its current syscall and the path in its
+    memory; both need the right to trace it, as the daemon of its own user or root has);
+    False whenever that cannot be read."""
+    try:
+        with open(f"/proc/{tid}/syscall", "rb") as f:
+            fields = f.read().split()
+        arg = _MKDIR_CALLS.get(int(fields[0]))
+        if arg is None:
+            return False
+        where = int(fields[1 + arg], 16)
+        fd = os.open(f"/proc/{tid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            path = b""
+            while b"\0" not in path and len(path) <= 4096:  # (PATH_MAX, a page at a time)
+                chunk = os.pread(fd, 4096 - (where + len(path)) % 4096, where + len(path))
+                if not chunk:
+                    return False
+                path += chunk
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, IndexError):
+        return False
+    return path.split(b"\0", 1)[0].rstrip(b"/").rsplit(b"/", 1)[-1] == name
 
 
 class ConflictViews:
