@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +260,39 @@ def test_mkdir_of_a_taken_batch_name_puts_its_own_envelope(mount: Mount) -> None
     assert "taken" not in (mount.path / ".rw" / "last-error").read_text()
     (top / "b1" / "ctl").write_text("abort\n")
 
+
+def test_a_refusals_draft_path_resolves_from_the_writers_directory(mount: Mount) -> None:
+    sub = mount.path / "pkg" / "deep"
+    sub.mkdir(parents=True)
+    (sub / "a.py").write_text("x = 1\n")
+    broken = "def f(:\n"
+    code = (
+        "import json, os, sys\n"
+        "try:\n"
+        "    with open('a.py', 'w') as f:\n"
+        f"        f.write({broken!r})\n"
+        "except OSError:\n"
+        "    pass\n"
+        "env = json.load(open(os.path.join(os.environ['TOP'], '.rw', 'last-error')))\n"
+        "print(json.dumps(env))\n"
+        "print(open(env['draft_path']).read(), end='')\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=sub,
+        env={**os.environ, "TOP": str(mount.path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    line, drafted = res.stdout.split("\n", 1)
+    env = json.loads(line)
+    assert drafted == broken  # opened from pkg/deep, by the envelope's path
+    at = str(mount.path / ".rw" / "rejected") + "/"
+    assert env["draft_path"].startswith(at) and env["draft"].startswith(".rw/rejected/")
+    assert env["draft_path"].endswith(env["draft"].rsplit("/", 1)[1])
+    assert f"your draft is at {env['draft_path']}" in env["message"]
+    why = json.loads((mount.path / ".rw" / "why" / "pkg" / "deep" / "a.py").read_text())
+    assert why["draft_path"] == env["draft_path"]
+    assert (sub / "a.py").read_text() == "x = 1\n"

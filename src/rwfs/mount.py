@@ -207,6 +207,7 @@ def serve(
     policy = load_policy(state_fd)
     store = Store(f"/proc/self/fd/{state_fd}/journal")
     ws = Workspace(root_fd, state_fd, store, policy)
+    ws.mountpoint = mountpoint
     batches = Batches(ws)
     from .progress import Progress
 

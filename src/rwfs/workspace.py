@@ -318,6 +318,9 @@ class Workspace:
         self.state_fd = state_fd
         self.store = store
         self.policy = policy
+        # Where the mount shows the workspace (the daemon sets it): paths an envelope gives
+        # a writer to open resolve from any directory through it.
+        self.mountpoint: str | None = None
         self.objects = ObjectStore(state_fd)
         self.reserve = Reserve(state_fd)
         self.reserve.make()
@@ -830,7 +833,9 @@ class Workspace:
                 self._budget.clear()
             first = next(f for f in findings if f.action == "reject")
             draft_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + intended[7:15]
-            draft = f".rw/rejected/{draft_id}"
+            # Through the mount, absolute: it resolves from the writer's directory, whatever
+            # it is (the envelope's ``draft`` stays relative to the workspace's top).
+            draft = os.path.join(self.mountpoint or "", ".rw", "rejected", draft_id)
             name = fsdecode(path)
             item = self.record(
                 {
@@ -884,7 +889,8 @@ class Workspace:
             path=name,
             suggested_action=todo,
             retry_budget=left,
-            draft=draft,
+            draft=f".rw/rejected/{draft_id}",
+            draft_path=draft,
             expected=expected,
             intended=intended,
             details={**first.details, "gates": [f.gate for f in findings]},
