@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
-from conftest import Mount, as_nobody, check_clean
+import pytest
+from conftest import RWFS, Mount, as_nobody, check_clean, rwfs_mounted
 
 
 def status(m: Mount) -> dict:
@@ -91,3 +94,94 @@ def test_a_given_fsname_wins_and_the_type_stays_rwfs(workspace: Path) -> None:
     finally:
         m.stop()
     check_clean(m)
+
+
+OLD = (1_000_000_000, 1_500_000_000)  # (atime, mtime): a read moves such an atime
+
+
+def _aged(ws: Path) -> None:
+    """Files and a directory with an old atime (older than mtime), before the mount."""
+    (ws / "d").mkdir()
+    (ws / "d" / "x").write_text("x\n")
+    (ws / "a.txt").write_text("one\n")
+    (ws / "b.log").write_text("passthrough\n")  # (*.log: plain in-place writes)
+    (ws / "c.py").write_text("x = 1\n")
+    for p in ("d", "a.txt", "b.log", "c.py"):
+        os.utime(ws / p, OLD)
+
+
+def _atime(p: Path) -> float:
+    return os.stat(p).st_atime
+
+
+def test_a_write_moves_no_atime(workspace: Path) -> None:
+    _aged(workspace)
+    m = Mount(workspace).start()
+    try:
+        with open(m.path / "a.txt", "a") as f:  # an append reads nothing
+            f.write("two\n")
+        (m.path / ".rw" / "ctl").write_text("sync\n")
+        assert _atime(m.path / "a.txt") == OLD[0]
+        assert os.stat(m.path / "a.txt").st_mtime > OLD[1]
+        (m.path / "c.py").write_text("x = 1\n")  # the same bytes again: a noop
+        assert _atime(m.path / "c.py") == OLD[0]
+        assert os.stat(m.path / "c.py").st_mtime > OLD[1]
+        os.utime(m.path / "c.py", OLD)
+        with pytest.raises(OSError):  # refused: rwfs's gates read it, its users did not
+            with open(m.path / "c.py", "a") as f:
+                f.write("def (:\n")
+        assert _atime(m.path / "c.py") == OLD[0]
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_noatime_keeps_every_atime(workspace: Path) -> None:
+    _aged(workspace)
+    m = Mount(workspace, options=("noatime",)).start()
+    try:
+        with open("/proc/self/mounts") as f:
+            assert "noatime" in next(ln for ln in f if ln.split()[1] == str(m.path))
+        assert (m.path / "b.log").read_text() == "passthrough\n"
+        assert sorted(os.listdir(m.path / "d")) == ["x"]
+        with open(m.path / "a.txt", "a") as f:
+            f.write("two\n")
+        with pytest.raises(OSError):  # refused: c.py would not parse any more
+            with open(m.path / "c.py", "a") as f:
+                f.write("def (:\n")
+        assert (m.path / "a.txt").read_text() == "one\ntwo\n"
+        (m.path / ".rw" / "ctl").write_text("sync\n")
+        for p in ("b.log", "d", "a.txt", "c.py"):
+            assert _atime(m.path / p) == OLD[0], p
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_atime_options_libfuse_refuses_are_kept_by_rwfs(workspace: Path) -> None:
+    _aged(workspace)
+    m = Mount(workspace, options=("relatime", "nodiratime", "lazytime")).start()
+    try:
+        assert sorted(os.listdir(m.path / "d")) == ["x"]
+        assert _atime(m.path / "d") == OLD[0]  # nodiratime: a listing moves no atime
+        assert sorted(status(m)["options"]) == ["lazytime", "nodiratime", "relatime"]
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def _mount_cli(ws: Path, *opts: str) -> subprocess.CompletedProcess[str]:
+    cmd = [*RWFS, "mount", str(ws)] + [a for o in opts for a in ("-o", o)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_a_refused_mount_option_is_named_with_libfuses_reason(workspace: Path) -> None:
+    # kernel_cache is a high-level libfuse option: fuse_session_new refuses it.
+    res = _mount_cli(workspace, "kernel_cache,allow_other")
+    assert res.returncode == 1 and not rwfs_mounted(str(workspace))
+    assert "FUSE does not know the mount option(s) kernel_cache (libfuse: " in res.stderr
+    assert "fuse_session_new" not in res.stderr and "doctor" not in res.stderr, res.stderr
+    res = _mount_cli(workspace, "strictatime")
+    assert res.returncode == 1 and not rwfs_mounted(str(workspace))
+    assert "-o strictatime cannot be kept" in res.stderr, res.stderr
+    assert not (workspace / ".rw").exists()  # nothing was made

@@ -1175,10 +1175,14 @@ class Files:
         if intended == stage.expected:
             self.ws.drop_stage(stage)
             inode.stage = self.beneath(inode)
-            if inode.stage is not None:  # a write all the same: mtime moves where it shows
-                os.utime(inode.stage.fd)
+            # A write all the same: mtime moves where it shows (atime does not: no read).
+            if inode.stage is not None:
+                kept = os.fstat(inode.stage.fd).st_atime_ns
+                os.utime(inode.stage.fd, ns=(kept, time.time_ns()))
             else:
-                os.utime(rel(path), dir_fd=self.ws.root_fd, follow_symlinks=False)
+                kw: dict[str, Any] = {"dir_fd": self.ws.root_fd, "follow_symlinks": False}
+                kept = os.stat(rel(path), **kw).st_atime_ns
+                os.utime(rel(path), ns=(kept, time.time_ns()), **kw)
             self.ws.record(
                 {
                     "op": "noop",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import logging
 import math
@@ -106,6 +107,14 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
         return handler  # type: ignore[return-value]
 
     return wrap
+
+
+def _no_atime(fd: int) -> None:
+    """Reads through ``fd`` move no access time (-o noatime, nodiratime); a daemon that
+    may not (not the file's owner, no CAP_FOWNER: EPERM) reads it as it is."""
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NOATIME)
 
 
 def _drop_kernel_cache(ino: int) -> None:
@@ -308,6 +317,12 @@ class Operations(pyfuse3.Operations):
         self.control.live["fast_writes"] = kernelflags.fast_written
         self.show_control = show_control
         self.timeout = timeout
+        # -o noatime, -o nodiratime: the times shown are the backing files', which the
+        # daemon's own reads would move, so it reads files (noatime) and lists directories
+        # (both) without moving them (O_NOATIME; docs/cli.md, "atime").
+        opts = set(info.get("options", ()))
+        self._file_noatime = "noatime" in opts
+        self._dir_noatime = self._file_noatime or "nodiratime" in opts
         self.handles = Handles()
         # Open handles of each control file, oldest first: an fstat is answered with the
         # size of the bytes that process's open rendered.
@@ -853,6 +868,8 @@ class Operations(pyfuse3.Operations):
         journaled = self._journaled(i, self._stat(i) if writable else None)
         if not i.virtual:
             self.files.open_backing(i, writable and not journaled)
+            if self._file_noatime:
+                _no_atime(i.fd)
         i.handles += 1
         try:
             if writable and flags & os.O_TRUNC:
@@ -1236,7 +1253,10 @@ class Operations(pyfuse3.Operations):
         if not i.paths:  # removed while the kernel held it: a removed directory is empty
             return DirHandle(i, [])
         how = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        return DirHandle(i, None, os.open(rel(i.path), how, dir_fd=self.ws.root_fd))
+        fd = os.open(rel(i.path), how, dir_fd=self.ws.root_fd)
+        if self._dir_noatime:
+            _no_atime(fd)
+        return DirHandle(i, None, fd)
 
     async def _dir(self, fh: int, start_id: int) -> DirHandle:
         """The handle of a directory being listed: opendir's, or, when the kernel sends no

@@ -37,19 +37,16 @@ OUR_OPTIONS = {"show_control"}
 # priority the woken client takes the CPU from the daemon in the middle of its reply
 # (docs/performance.md: a third of the metadata mix's time on two cores).
 NICE = -10
-# Mount options libfuse 3 and the kernel know (mount.fuse3(8), fuse(8)): an option not
-# among them is named when a mount fails.
-FUSE_OPTIONS = {
-    "allow_other", "allow_root", "auto_unmount", "default_permissions", "fsname",
-    "subtype", "max_read", "blkdev", "blksize", "ro", "rw", "nosuid", "suid", "nodev",
-    "dev", "noexec", "exec", "noatime", "atime", "relatime", "norelatime", "strictatime",
-    "nostrictatime", "sync", "async", "dirsync", "context", "fscontext", "defcontext",
-    "rootcontext", "debug", "kernel_cache", "auto_cache", "noauto_cache", "umask", "uid",
-    "gid", "entry_timeout", "negative_timeout", "attr_timeout", "ac_attr_timeout",
-    "noforget", "remember", "modules", "max_write", "max_readahead", "async_read",
-    "sync_read", "writeback_cache", "no_writeback_cache", "clone_fd", "max_idle_threads",
-    "max_threads", "nonempty", "lazytime", "nolazytime",
+# Access-time options (mount(8)). The times the mount shows are its backing files', so
+# rwfs keeps these itself rather than the kernel: noatime (also given to the kernel, for
+# /proc/mounts) and nodiratime keep the daemon's own reads from moving them (fs.py); a
+# write never moves one (workspace.keep_atime). The others ask for what the backing file
+# system does anyway (relatime, unless it is mounted otherwise) and are not passed on:
+# libfuse 3.14 (Debian 12) refuses all but atime and noatime ("unknown option").
+ATIME_DEFAULTS = {
+    "atime", "relatime", "norelatime", "nostrictatime", "diratime", "lazytime", "nolazytime",
 }  # fmt: skip
+ATIME_OURS = {"nodiratime"}
 # How long ``rwfs umount`` retries a journal that cannot commit before it unmounts anyway
 # and reports the commits left to the next mount.
 UMOUNT_WAIT = 30.0
@@ -185,6 +182,12 @@ def serve(
     # for itself names its mode (0700 directories, 0600 files, 0400 objects).
     os.umask(0)
     nice = _nice(options)
+    if "strictatime" in options:
+        raise QuietError(
+            "-o strictatime cannot be kept: the access times the mount shows are its "
+            "backing files', which move as the backing file system's own mount says "
+            "(mount that one with strictatime), or never with -o noatime; nothing was mounted"
+        )
     workspace = os.path.realpath(workspace)
     mountpoint = os.path.realpath(mountpoint)
     for point in {workspace, mountpoint} & set(rwfs_mounts()):
@@ -247,27 +250,26 @@ def serve(
     # default_permissions: the kernel checks every access against the owner and mode
     # rwfs reports, those of .rw/'s entries included (SPEC §3.3b; docs/security.md).
     fuse_opts = set(pyfuse3.default_options) | {"default_permissions"}
-    given = {o for o in options - OUR_OPTIONS if not o.startswith("nice=")}  # FUSE's
+    given = {  # FUSE's
+        o for o in options - OUR_OPTIONS - ATIME_DEFAULTS - ATIME_OURS if not o.startswith("nice=")
+    }
     # The type stays fuse.rwfs (rwfs finds its mounts by it); a given fsname wins over
     # rwfs's (a set has no order: both would be passed, and either could win).
     fuse_opts |= {"subtype=rwfs"} | given - {o for o in given if o.startswith("subtype=")}
     if not any(o.startswith("fsname=") for o in given):
         fuse_opts.add("fsname=rwfs")
+    said = ""
     try:
-        pyfuse3.init(ops, mountpoint, fuse_opts)
+        said = _fuse_init(pyfuse3, ops, mountpoint, fuse_opts)
     except RuntimeError as exc:
         store.close()
         if fresh:  # a failed first mount leaves nothing behind
             import shutil
 
             shutil.rmtree(os.path.join(workspace, ".rw"), ignore_errors=True)
-        unknown = sorted(o for o in given if o.split("=")[0] not in FUSE_OPTIONS)
-        if unknown:
-            raise QuietError(
-                f"mounting {mountpoint} failed: FUSE does not know the mount option(s) "
-                f"{', '.join(unknown)}; nothing was mounted"
-            ) from None
-        raise QuietError(f"mounting {mountpoint} failed: {exc} (try 'rwfs doctor')") from None
+        raise QuietError(_init_failed(mountpoint, str(exc), exc.args[-1])) from None
+    if said:  # (what libfuse said on a mount that worked: for its log)
+        print(said, file=sys.stderr, flush=True)
     info["nice"] = _set_nice(nice)  # before trio's worker threads: they inherit it
     if ready_fd is not None:
         os.write(ready_fd, b"ok\n")
@@ -278,6 +280,47 @@ def serve(
     finally:
         pyfuse3.close(unmount=True)
         store.close()
+
+
+def _fuse_init(pyfuse3: Any, ops: Any, mountpoint: str, opts: set[str]) -> str:
+    """``pyfuse3.init``, keeping what libfuse writes on stderr meanwhile: pyfuse3's own
+    error says only "fuse_session_new() failed", libfuse's line says why (an option it
+    does not take, the mount point, the device). Returns that text; a failure raises
+    RuntimeError with it as its last argument."""
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as kept:  # (opened before the mount: see _leave)
+        os.dup2(kept.fileno(), 2)
+        try:
+            pyfuse3.init(ops, mountpoint, opts)
+        except RuntimeError as exc:
+            raise RuntimeError(str(exc), _said(kept)) from None
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        return _said(kept)
+
+
+def _said(f: Any) -> str:
+    f.seek(0)
+    return str(f.read(64 * 1024).decode("utf-8", "replace").strip())
+
+
+def _init_failed(mountpoint: str, error: str, said: str) -> str:
+    """The one line for a mount libfuse refused, from what it said (``_fuse_init``)."""
+    import re
+
+    unknown = re.findall(r"unknown option\(s\): `-o ([^']*)'", said)
+    if unknown:
+        names = sorted({n for found in unknown for n in found.split(",") if n})
+        return (
+            f"mounting {mountpoint} failed: FUSE does not know the mount option(s) "
+            f"{', '.join(names)} (libfuse: {said.splitlines()[-1]}); nothing was mounted"
+        )
+    why = "; ".join(line for line in said.splitlines() if line) or error
+    return f"mounting {mountpoint} failed: {why} (try 'rwfs doctor'); nothing was mounted"
 
 
 def _nice(options: set[str]) -> int:

@@ -15,6 +15,7 @@ import collections
 import contextlib
 import ctypes
 import errno
+import fcntl
 import logging
 import math
 import os
@@ -560,12 +561,14 @@ class Workspace:
         try:
             st = os.fstat(source_fd)
             copy_metadata(source_fd, fd, st)
-            if truncate:
-                expected = known or self.digest_of_fd(source_fd)
-            else:
-                expected, _ = copy_fd(source_fd, fd)
-                # So the commit's check of the live file rarely reads it again.
-                self._remember(st, expected)
+            with quiet_reader(source_fd) as src:
+                if truncate:
+                    expected = known or self.digest_of_fd(src)
+                else:
+                    expected, _ = copy_fd(src, fd)
+                    # So the commit's check of the live file rarely reads it again.
+                    self._remember(st, expected)
+            keep_atime(fd, st)
         except BaseException:
             os.close(fd)
             os.unlink(name, dir_fd=self.staging_fd)
@@ -724,12 +727,12 @@ class Workspace:
                 return (*got, [])
             return (*got, self._run_gates(gate[0], base_fd, stage_fd, stage.cut_last))
 
-        base = gate[1] if gate is not None else -1
-        if trail is None and os.fstat(stage.fd).st_size <= SEAL_ON_LOOP:
-            if base < 0 or (gate is not None and self._quick_gates(gate[0], base, stage.fd)):
-                return work(stage.fd, base)
-        with borrowed(stage.fd, base) as (stage_fd, base_fd):
-            return await trio.to_thread.run_sync(work, stage_fd, base_fd, limiter=_LIMIT)
+        with quiet_reader(gate[1] if gate is not None else -1) as base:
+            if trail is None and os.fstat(stage.fd).st_size <= SEAL_ON_LOOP:
+                if base < 0 or (gate is not None and self._quick_gates(gate[0], base, stage.fd)):
+                    return work(stage.fd, base)
+            with borrowed(stage.fd, base) as (stage_fd, base_fd):
+                return await trio.to_thread.run_sync(work, stage_fd, base_fd, limiter=_LIMIT)
 
     # ---- gates ----
 
@@ -2073,6 +2076,33 @@ def record_event(txn: Any, ev: dict[str, Any]) -> int:
     if counter:
         txn.bump(counter)
     return lsn
+
+
+@contextlib.contextmanager
+def quiet_reader(fd: int) -> Iterator[int]:
+    """``fd``'s file opened again, to read without moving its access time (O_NOATIME):
+    rwfs's own reads (a stage's copy, a hash, the gates' look at the old bytes) are no
+    reads of the file's users. ``fd`` itself where that cannot be (-1; EPERM: a daemon
+    that is neither the file's owner nor CAP_FOWNER)."""
+    own = -1
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            own = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NOATIME | os.O_CLOEXEC)
+    try:
+        yield own if own >= 0 else fd
+    finally:
+        if own >= 0:
+            os.close(own)
+
+
+def keep_atime(fd: int, st: os.stat_result) -> None:
+    """A write moves no access time (POSIX: only a read does): a stage takes the atime of
+    the file it replaces, ``st``'s, and rwfs's own reads of it (the seal's hash, the
+    gates) leave it as it is (O_NOATIME, where the daemon may set it), so the commit's
+    rename keeps it."""
+    with contextlib.suppress(OSError):  # (EPERM: not the file's owner, no CAP_FOWNER)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NOATIME)
+    os.utime(fd, ns=(st.st_atime_ns, os.fstat(fd).st_mtime_ns))
 
 
 def copy_metadata(src_fd: int, dst_fd: int, st: os.stat_result) -> None:
