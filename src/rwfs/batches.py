@@ -405,7 +405,7 @@ class Batches:
                     + (
                         "and commit again, or abort (if that change is deliberate, its writer "
                         "allows it with "
-                        + allow_hint(first["path"], "", self.ws.shown_at)["command"]
+                        + allow_hint(first["path"], "", self.ws.mountpoint)["command"]
                         + " and you commit again)."
                         if first["reason"] in WAIVES
                         else "and commit again, or abort."

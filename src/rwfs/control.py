@@ -265,7 +265,6 @@ class Control:
         self.verbs["gc"] = self._gc
         self.verbs["allow"] = self._allow  # a deliberate change, let through once
         self.add(self.root, b"allowed", lambda: _json(self._allowed())).perm = self.private
-        ws.shown_at = info.get("mountpoint")
         for layer in (scratch, chunks, handoff):  # the paper's other layers (SPEC §8)
             layer.install(self)
         # The handoff note's last_good_state names files and their digests.

@@ -354,7 +354,6 @@ class Workspace:
         self._unsynced: list[bytes] | None = None
         self._budget: dict[tuple[bytes, str], int] = {}  # retries left per (path, refused bytes)
         self.allowances = Allowances()  # deliberate changes, let through once (allowances.py)
-        self.shown_at: str | None = None  # the mount point, for the commands a refusal names
         self._spares: collections.deque[bytes] = collections.deque()  # staging names (_spare)
         self.stats = Stats()
         self.journal = JournalState()
@@ -869,7 +868,7 @@ class Workspace:
         else:
             # A deliberate change has a way through (allowances.py), named at every such
             # refusal: the gates cannot tell it from an accident, the writer can.
-            allow = allow_hint(name, draft, self.shown_at)
+            allow = allow_hint(name, f".rw/rejected/{draft_id}", self.mountpoint)
             deliberate = (
                 f"if the change is deliberate, allow it with {allow['command']} and write "
                 f"it again (to write your draft: {allow['then']})"
