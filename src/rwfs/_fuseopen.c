@@ -29,6 +29,10 @@
  *   what rwfs keeps of removed files and tries again. The kernel
  *   asks for security.capability before each write: for such an inode it is read from
  *   the stage here too (as Operations.getxattr would), in wrapped getxattr.
+ *   And it wraps flush, fsync and write_buf to note the pid of the process that sent the
+ *   request (caller()): pyfuse3 passes those handlers no request context, and rwfs tells
+ *   a refused writer on its stderr (notice.py). pyfuse3 runs the handler's first step
+ *   right after this returns, before any other request, so the handler reads its own.
  *   And it adds fallocate and lseek (SEEK_DATA, SEEK_HOLE), which pyfuse3 does not offer:
  *   each request is handed to the Python function serve() registered, with a token that
  *   rwfs answers once, now or later, with reply_err() or reply_offset().
@@ -126,6 +130,31 @@ static int (*lf_reply_err)(fuse_req_t, int);
 static int (*lf_reply_xattr)(fuse_req_t, size_t);
 static int (*lf_reply_buf)(fuse_req_t, const char *, size_t);
 static int (*lf_reply_lseek)(fuse_req_t, off_t);
+static const struct fuse_ctx *(*lf_req_ctx)(fuse_req_t);
+
+/* The sender of the latest flush, fsync or write request (a thread id, 0 for the kernel)
+ * and its uid. */
+static pid_t caller_pid;
+static uid_t caller_uid;
+
+static void note_caller(fuse_req_t req)
+{
+    const struct fuse_ctx *ctx = lf_req_ctx(req);
+    caller_pid = ctx != NULL ? ctx->pid : 0;
+    caller_uid = ctx != NULL ? ctx->uid : (uid_t)-1;
+}
+
+static void flush_w(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    note_caller(req);
+    inner.flush(req, ino, fi);
+}
+
+static void fsync_w(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+    note_caller(req);
+    inner.fsync(req, ino, datasync, fi);
+}
 
 /* Handles whose writes go straight to their inode's stage. Only the loop's thread (the one
  * that runs the session and registers handles) reads or changes this table. */
@@ -185,6 +214,7 @@ static int fast_fd(struct fast *f)
 static void write_buf_w(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, off_t off,
                         struct fuse_file_info *fi)
 {
+    note_caller(req);
     PyGILState_STATE gil = PyGILState_Ensure();
     struct fast *f = fi->fh != 0 ? fast_find(fi->fh) : NULL;
     int fd = f != NULL ? fast_fd(f) : -1;
@@ -332,10 +362,19 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
         ops.write_buf = write_buf_w;
     if (ops.getxattr != NULL)
         ops.getxattr = getxattr_w;
+    if (ops.flush != NULL)
+        ops.flush = flush_w;
+    if (ops.fsync != NULL)
+        ops.fsync = fsync_w;
     ops.fallocate = fallocate_w;
     ops.lseek = lseek_w;
     wrapped = 1;
     return libfuse_session_new(args, &ops, op_size, userdata);
+}
+
+static PyObject *caller(PyObject *self, PyObject *unused)
+{
+    return Py_BuildValue("(lk)", (long)caller_pid, (unsigned long)caller_uid);
 }
 
 static PyObject *is_wrapped(PyObject *self, PyObject *unused)
@@ -470,6 +509,8 @@ static PyMethodDef methods[] = {
     {"keep_pages", set_keep_pages, METH_O, "Ask the kernel not to drop pages at a new mtime."},
     {"pages_kept", are_pages_kept, METH_NOARGS, "Whether the session asked it."},
     {"flagged", count, METH_NOARGS, "How many answers this module has flagged."},
+    {"caller", caller, METH_NOARGS,
+     "(pid, uid) of the sender of the latest flush, fsync or write request (pid 0: none)."},
     {"wrapped", is_wrapped, METH_NOARGS, "Whether the session's directory handlers are wrapped."},
     {NULL, NULL, 0, NULL},
 };
@@ -493,10 +534,12 @@ PyMODINIT_FUNC PyInit__fuseopen(void)
         *(void **)&lf_reply_xattr = dlsym(lib, "fuse_reply_xattr");
         *(void **)&lf_reply_buf = dlsym(lib, "fuse_reply_buf");
         *(void **)&lf_reply_lseek = dlsym(lib, "fuse_reply_lseek");
+        *(void **)&lf_req_ctx = dlsym(lib, "fuse_req_ctx");
     }
     if (libfuse_reply_open == NULL || libfuse_session_new == NULL || lf_buf_copy == NULL ||
         lf_buf_size == NULL || lf_reply_write == NULL || lf_reply_err == NULL ||
-        lf_reply_xattr == NULL || lf_reply_buf == NULL || lf_reply_lseek == NULL) {
+        lf_reply_xattr == NULL || lf_reply_buf == NULL || lf_reply_lseek == NULL ||
+        lf_req_ctx == NULL) {
         PyErr_SetString(PyExc_ImportError, "libfuse3's functions were not found");
         return NULL;
     }

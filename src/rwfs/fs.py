@@ -8,6 +8,7 @@ and becomes EIO. ``forget`` and ``release`` never raise.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import fcntl
 import functools
@@ -47,6 +48,12 @@ from .workspace import (
 log = logging.getLogger("rwfs.fs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
+# Whom the request being handled would tell of a refusal, when not the sender that ``_who``
+# names (a flush or fsync: the handle's holder, with what its stderr was; notice.py).
+_HOLDER: contextvars.ContextVar[notice.Writer | None] = contextvars.ContextVar(
+    "rwfs_holder", default=None
+)
+
 # How long the mount must go without a request before it parses the file last read.
 PRIME_AFTER_IDLE = 0.05
 
@@ -67,6 +74,7 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
         @functools.wraps(fn)
         async def handler(self: Operations, *args: Any) -> Any:
             started = self._last_request = time.perf_counter()
+            holder = _HOLDER.set(None)  # (a request task handles one request after another)
             try:
                 return await fn(self, *args)
             except pyfuse3.FUSEError:
@@ -83,7 +91,7 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
                 self.control.fail(err)
                 if quiet:
                     return None
-                await self._tell_writer(err.envelope)
+                await self._tell_writer(err.envelope, _HOLDER.get())
                 raise pyfuse3.FUSEError(err.errno) from None
             except OSError as exc:
                 if quiet:
@@ -102,6 +110,7 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
                     return None
                 raise pyfuse3.FUSEError(errno.EIO) from None
             finally:
+                _HOLDER.reset(holder)
                 self.ws.stats.sample(op, time.perf_counter() - started)
 
         return handler  # type: ignore[return-value]
@@ -166,6 +175,11 @@ class Handle:
     # Opened with O_TRUNC, nothing written since: a close commits the empty file, unless
     # another descriptor of the opener's can still write it (``_only_reference``).
     truncated: bool = False
+    # What the stderr of its last writer was when it began writing (or of its opener),
+    # and the opener's start time when the kernel's requests do not name their sender:
+    # whom a refusal at its commit point is told (notice.py).
+    stderr: str = ""
+    start: int = -1
 
 
 @dataclass(eq=False)
@@ -510,17 +524,26 @@ class Operations(pyfuse3.Operations):
     def _is_state_dir(self, path: bytes) -> bool:
         return path == b".rw"
 
-    async def _tell_writer(self, env: dict[str, Any]) -> None:
-        """One line on the stderr of the writer now waiting for this refusal (notice.py)."""
+    async def _tell_writer(self, env: dict[str, Any], holder: notice.Writer | None) -> None:
+        """One line on the stderr of the writer now waiting for this refusal (notice.py):
+        the process holding the descriptor (``holder``), else the request's sender."""
         mode = self.ws.policy.tell_writer
-        if mode == "off" or not env.get("pid"):
+        if holder is None:
+            holder = notice.Writer(env.get("pid") or 0, env.get("uid", -1))
+        if mode == "off" or holder.pid <= 0:
             return
         line = f"rwfs: {env['message']}"
         if env.get("path"):
             line += f" Details: {self.control.info['mountpoint']}/.rw/why/{env['path']}"
-        await trio.to_thread.run_sync(
-            notice.tell, env["pid"], env.get("comm") or "", line + "\n", mode == "always"
-        )
+        await trio.to_thread.run_sync(notice.tell, holder, line + "\n", mode == "always")
+
+    def _holder(self, h: Handle) -> notice.Writer:
+        """Whom a refusal at this flush or fsync is for: its sender (read before the first
+        await), which holds the descriptor and waits in the call; else the opener."""
+        sender, uid = kernelflags.caller()
+        if sender > 0:
+            return notice.Writer(sender, uid, h.stderr)
+        return notice.Writer(h.info.get("pid") or 0, h.info.get("uid", -1), h.stderr, h.start)
 
     def _who(self, ctx: Any) -> dict[str, Any]:
         pid = ctx.pid
@@ -901,6 +924,10 @@ class Operations(pyfuse3.Operations):
                 self._read_one.set()
         handle = Handle(i, writable, info=who if writable else {})
         handle.truncated = bool(writable and journaled and flags & os.O_TRUNC)
+        if writable and journaled:
+            handle.stderr = notice.stderr_of(who["pid"])
+            if not kernelflags.ACTIVE:  # (the flush will not name its sender)
+                handle.start = notice.start_of(who["pid"])
         fh = self._fh(handle)
         # A read-only handle commits nothing: its close needs no FLUSH.
         return pyfuse3.FileInfo(fh=fh | (0 if writable else kernelflags.NOFLUSH), keep_cache=True)
@@ -995,6 +1022,8 @@ class Operations(pyfuse3.Operations):
             return len(buf)
         assert isinstance(h, Handle)
         i = h.inode
+        if not h.dirty:  # the first write since a commit point: what its writer's stderr is
+            h.stderr = notice.stderr_of(kernelflags.caller()[0]) or h.stderr
         stage = await self._to_change(i, h.info, off + len(buf))
         try:
             n = os.pwrite(i.fd if stage is None else stage.fd, buf, off)
@@ -1189,6 +1218,7 @@ class Operations(pyfuse3.Operations):
             # no other descriptor can still write: a shell's "> f" closes the one it opened
             # after a dup2 and before the command writes.)
             h.dirty = h.truncated = False
+            _HOLDER.set(self._holder(h))
             await self.files.commit(h.inode, h.info)
 
     @_guard(quiet=True)
@@ -1224,6 +1254,7 @@ class Operations(pyfuse3.Operations):
         i = h.inode
         if i.stage is not None or i.pending is not None:
             h.dirty = False
+            _HOLDER.set(self._holder(h))
             await self.files.commit(i, h.info, wait=True)
         elif i.fd >= 0:
             with borrowed(i.fd) as (fd,):

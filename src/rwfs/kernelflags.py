@@ -13,6 +13,8 @@
 - after ``fast_writes(fh, inode, stage, limit)``, the handle's writes that end within
   ``limit`` go straight into the stage while it stays the inode's open stage (no Python
   request task, no bytes copy);
+- ``caller()`` is the sender of the latest flush, fsync or write request, which pyfuse3
+  does not pass to those handlers (read it before the handler's first await);
 - after ``serve(fn)``, the kernel's fallocate and lseek (SEEK_DATA, SEEK_HOLE) requests,
   which pyfuse3 has no method for, reach ``fn``; each is answered once with ``reply()``.
 
@@ -99,6 +101,16 @@ def fast_writes_end(fh: int) -> None:
 def fast_written() -> int:
     """How many writes went straight into a stage so far."""
     return int(_fuseopen.fast_writes()) if ACTIVE else 0
+
+
+def caller() -> tuple[int, int]:
+    """(pid, uid) of the sender of the flush, fsync or write request being handled (the pid
+    a thread id), if read before the handler's first await; (0, -1) when unknown (the
+    extension is not active)."""
+    if not ACTIVE:
+        return 0, -1
+    pid, uid = _fuseopen.caller()
+    return int(pid), int(uid)
 
 
 def serve(fn: Callable[..., None] | None) -> bool:
