@@ -95,7 +95,8 @@ def test_a_refusal_names_its_lsn_and_writer_and_a_later_write_supersedes_it(
     env = last_error(mount)
     assert (env["lsn"], env["pid"], env["path"]) == (event["lsn"], event["pid"], "decoder.py")
     assert env["comm"] == event["comm"] and env["comm"]
-    assert why(mount, "decoder.py") == env
+    shown = why(mount, "decoder.py")
+    assert shown == env and "recent" not in shown  # (no earlier refusal of it)
     fixed = REAL + "\n# one more line\n"
     f.write_text(fixed)
     (mount.path / ".rw" / "ctl").write_text("sync\n")
@@ -232,3 +233,84 @@ def test_no_line_goes_to_a_file_a_full_screen_program_or_anywhere_when_off(
         raise AssertionError("an unknown tell_writer was accepted")
     assert 'tell_writer = "off"' in policy.read_text()
     assert "tell_writer" in last_error(mount)["message"]
+
+
+# ---- why/: current right after a write, with the path's recent refusals ----
+
+
+def test_why_lists_recent_refusals_and_a_write_supersedes_it_before_its_record(
+    mount: Mount,
+) -> None:
+    """Read-your-writes: with the group committer's interval far off, why/ says a write
+    succeeded as soon as its close() returned, and gains its LSN once it is recorded. The
+    path's earlier refusals stay listed under "recent", newest first, each its own."""
+    rw = mount.path / ".rw"
+    (rw / "policy.toml").write_text("commit_interval_ms = 60000\n")
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    breaks = [
+        REAL.replace("def ", "def (", 1),  # syntax
+        "".join(REAL.splitlines(keepends=True)[:40]),  # truncation
+        REAL.replace("class ", "class (", 1),  # syntax again, elsewhere
+    ]
+    for text in breaks:
+        res = subprocess.run(
+            ["bash", "-c", 'printf "%s" "$T" > decoder.py'],
+            cwd=mount.path,
+            env={"T": text, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+        )
+        assert "rwfs: Your write to decoder.py was refused" in res.stderr, res
+    assert f.read_text() == REAL
+    events = refusals(mount, "decoder.py")
+    assert len(events) == 3
+    shown = why(mount, "decoder.py")
+    assert (shown["ok"], shown["lsn"]) == (False, events[2]["lsn"])
+    assert [e["lsn"] for e in shown["recent"]] == [events[1]["lsn"], events[0]["lsn"]]
+    assert "cut off after line 40" in shown["recent"][0]["message"]
+    assert "recent" not in shown["recent"][0]  # each one its own envelope
+    f.write_text(REAL + "\n# fixed\n")  # queued: the committer's interval is a minute
+    now = why(mount, "decoder.py")
+    assert (now["ok"], now["lsn"], now["path"]) == (True, None, "decoder.py"), now
+    assert [e["lsn"] for e in now["recent"]] == [e["lsn"] for e in reversed(events)]
+    (rw / "ctl").write_text("sync\n")
+    writes = [
+        e
+        for e in map(json.loads, (rw / "journal").read_text().splitlines())
+        if e["op"] == "write" and e["path"] == "decoder.py"
+    ]
+    now = why(mount, "decoder.py")
+    assert (now["ok"], now["lsn"], now["intended"]) == (
+        True,
+        writes[-1]["lsn"],
+        writes[-1]["intended"],
+    )
+
+
+def test_rwfs_putting_back_a_removed_file_is_its_own_write_and_keeps_the_refusal(
+    mount: Mount,
+) -> None:
+    """rm f; cp new f: the save by re-creation is refused and rwfs puts the old bytes
+    back. That write is rwfs's (the daemon's pid, comm rwfs, the refusal's LSN), not
+    cp's, and why/ still tells of the refusal once it is recorded."""
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    (mount.path / "new.txt").write_text("def (:\n")
+    res = subprocess.run(
+        ["bash", "-c", "rm decoder.py && cp new.txt decoder.py"],
+        cwd=mount.path,
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode != 0 and "Bad message" in res.stderr, res
+    assert res.stderr.startswith("rwfs: Your write to decoder.py was refused"), res
+    assert f.read_text() == REAL
+    (refused,) = refusals(mount, "decoder.py")  # (synced)
+    events = [json.loads(e) for e in (mount.path / ".rw" / "journal").read_text().splitlines()]
+    (put,) = [e for e in events if e["op"] == "write" and e["path"] == "decoder.py"][-1:]
+    daemon = json.loads((mount.path / ".rw" / "status").read_text())["pid"]
+    assert (put["pid"], put["comm"], put["put_back"]) == (daemon, "rwfs", True), put
+    assert put["refused_lsn"] == refused["lsn"] < put["lsn"]
+    shown = why(mount, "decoder.py")
+    assert (shown["ok"], shown["lsn"], shown["error"]) == (False, refused["lsn"], "blocked")

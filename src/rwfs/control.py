@@ -60,6 +60,8 @@ Verb = Callable[[list[str], dict[str, Any]], Awaitable[None]]
 
 # last-error before the first error: a JSON document like every other (SPEC §5).
 NO_ERROR = {"ok": True, "message": "No error since rwfs mounted this workspace."}
+# How many earlier refusals of a path its why/ entry lists ("recent"), newest first.
+WHY_RECENT = 5
 
 
 def split_verbs(text: str) -> list[list[str]]:
@@ -198,6 +200,15 @@ class CDir(CNode):
     looked_up: Callable[[bytes, int], None] | None = None
 
 
+@dataclass
+class Why:
+    """What ``why/PATH`` shows: the path's refusals, newest first (the shown one and
+    ``WHY_RECENT`` before it), and the success that superseded the newest, if one did."""
+
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    ok: dict[str, Any] | None = None
+
+
 class Control:
     def __init__(
         self,
@@ -250,7 +261,7 @@ class Control:
         self.rejected.perm = lambda: (*self.ws_owner(), 0o711)
         self.why = self.mkdir(self.root, b"why")
         self.why.perm = top
-        self._why_paths: set[str] = set()  # paths whose why/ entry is a refusal
+        self._why: dict[str, Why] = {}  # what each why/ entry shows
         self.add(self.root, b"notices", self._notices).perm = self.private
         self.batches_dir = BatchViews(self, self.mkdir(self.root, b"batches"))
         self.conflicts_dir = ConflictViews(self, self.mkdir(self.root, b"conflicts"))
@@ -535,14 +546,17 @@ class Control:
         return self.nodes.get(ino)
 
     def fail(self, exc: RwfsError) -> None:
-        """Show an error envelope at ``.rw/last-error`` and, for a file, ``.rw/why/<path>``."""
+        """Show an error envelope at ``.rw/last-error`` and, for a file, ``.rw/why/<path>``
+        (with the path's earlier refusals under ``recent``)."""
         env = self.last_error = {**exc.envelope, "at": now_iso()}  # each refusal its own
         path = env.get("path") or ""
-        body = _json(env)
         for name in (path, env.get("source") or ""):  # (source: a refused rename's)
             if name and not name.startswith(".rw"):
-                self._put(self.why, name, lambda: body, self._perm_of(name))
-                self._why_paths.add(name)
+                why = self._why.setdefault(name, Why())
+                why.errors.insert(0, env)
+                del why.errors[WHY_RECENT + 1 :]
+                why.ok = None
+                self._show_why(name, why)
         if env.get("draft"):
             draft = env["draft"].rsplit("/", 1)[-1]
             self._add_rejected(draft, env["intended"], env.get("uid"), env.get("gid"))
@@ -551,15 +565,32 @@ class Control:
         """The file's own owner and mode, for what shows its metadata (why/, conflicts/)."""
         return functools.partial(self.file_perm, os.fsencode(name))
 
-    def succeeded(self, path: bytes, intended: str | None = None, lsn: int = 0) -> None:
+    def succeeded(
+        self,
+        path: bytes,
+        intended: str | None = None,
+        lsn: int = 0,
+        commit: str = "",
+        shown: bool = False,
+    ) -> None:
         """A write of ``path`` went through: its ``why/`` entry, if it has one, says so now,
         so that an agent checking it after a write does not take an older refusal for a
-        new one."""
+        new one. Called as the writer's call returns (read-your-writes; ``commit`` names
+        the commit, whose record follows), and when a commit's record is written
+        (``lsn``). The record of a commit already ``shown`` so only adds its LSN: a
+        refusal shown since is newer than that write, though it was recorded first."""
         name = os.fsdecode(path)
-        if name not in self._why_paths:
+        why = self._why.get(name)
+        if why is None:
             return
-        self._why_paths.discard(name)
-        env = {
+        if why.ok is not None:
+            if shown and lsn and why.ok.get("commit") == commit and not why.ok["lsn"]:
+                why.ok["lsn"] = lsn
+                self._show_why(name, why)
+            return
+        if shown or lsn and why.errors and lsn < (why.errors[0].get("lsn") or 0):
+            return  # a refusal came after this write
+        why.ok = {
             "ok": True,
             "path": name,
             "intended": intended,
@@ -567,8 +598,17 @@ class Control:
             "at": now_iso(),
             "message": f"The last write of {name} succeeded; an earlier refusal of it no "
             "longer applies.",
+            "commit": commit,
         }
-        body = _json(env)
+        self._show_why(name, why)
+
+    def _show_why(self, name: str, why: Why) -> None:
+        shown = dict(why.ok) if why.ok is not None else dict(why.errors[0])
+        shown.pop("commit", None)
+        recent = why.errors[1:] if why.ok is None else why.errors[:WHY_RECENT]
+        if recent:  # (a first refusal's entry is its envelope, as in last-error)
+            shown["recent"] = recent
+        body = _json(shown)
         self._put(self.why, name, lambda: body, self._perm_of(name))
 
     # ---- views ----

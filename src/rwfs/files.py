@@ -105,7 +105,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -245,6 +245,11 @@ class Files:
         self.removed: dict[bytes, Removed] = {}
         # Files removed (their bytes kept as objects) since the disk last filled up.
         self.removals = 0
+        # A write went through at its commit point (path, intended, its commit; None for a
+        # noop): ``.rw/why/`` says so before the writer's call returns (read-your-writes).
+        self.on_written: Callable[[bytes, str | None, Commit | None], None] = (
+            lambda path, intended, commit: None
+        )
 
     async def settle(self, inode: Inode) -> None:
         """Wait until the inode's queued commit is in the tree (a draft an open batch
@@ -1193,6 +1198,7 @@ class Files:
                 }
             )
             self.ws.stats.count("noops")
+            self.on_written(path, intended, None)
             return
         if stage.written and (path != gated or held is not held_before):
             # Renamed during the seal, or the batch ended meanwhile: gate it as what it
@@ -1215,7 +1221,8 @@ class Files:
             await self._unstage(inode, held, stage)
             if put_back:
                 assert removed is not None and shown is not None
-                await self._put_back(inode, path, removed, shown, ctx_info)
+                refused = err.envelope.get("lsn") or 0
+                await self._put_back(inode, path, removed, shown, ctx_info, refused)
             if wait:
                 # fsync(): the kernel holds the inode's lock until we answer, and
                 # invalidating needs it, so it runs after the answer.
@@ -1279,6 +1286,8 @@ class Files:
             await self.settle(inode)
         if batch is not None and await self.batches.hold(batch, commit, wait):
             inode.pending = commit
+            commit.shown = True
+            self.on_written(path, intended, commit)
             return
         before, inode.pending = inode.pending, commit
         try:
@@ -1295,6 +1304,9 @@ class Files:
                 if allowance is not None:
                     self.ws.allowances.give_back(allowance)
             raise
+        # (a submit that waited, for fsync or strict durability, saw its record already)
+        commit.shown = True
+        self.on_written(path, intended, commit)
 
     def path_removed(self, path: bytes, who: dict[str, Any], fd: int) -> None:
         """``path`` stopped naming a journaled file (an unlink, or a rename away), whose
@@ -1346,17 +1358,29 @@ class Files:
         return rec.fd
 
     async def _put_back(
-        self, inode: Inode, path: bytes, removed: int, digest: str, who: dict[str, Any]
+        self,
+        inode: Inode,
+        path: bytes,
+        removed: int,
+        digest: str,
+        who: dict[str, Any],
+        refused: int,
     ) -> None:
         """A refused save by removal and re-creation: the new file gets the removed bytes
-        back (a commit of rwfs's own, journaled as a write), so the path holds what it held
-        before the save, as a refused edit leaves it."""
+        back, so the path holds what it held before the save, as a refused edit leaves it.
+        It is a commit of rwfs's own, journaled as a write by rwfs (the daemon's pid, comm
+        ``rwfs``, ``put_back``, and ``refused_lsn``, the refusal it follows), in the
+        writer's name only as far as its uid and session go (an undo of the session takes
+        it back with the save); it is no success of the writer's, so ``why/`` keeps the
+        refusal."""
         with borrowed(removed) as (fd,):
             stage = await self.ws.new_stage(fd, truncate=False)
         stage.expected = EMPTY_DIGEST
         stage.sealed = True
         size = os.fstat(stage.fd).st_size
-        info = {**who, "put_back": True}
+        info = {**who, "pid": os.getpid(), "comm": "rwfs", "put_back": True}
+        if refused:
+            info["refused_lsn"] = refused
         commit = Commit(path, stage, digest, size, info, owner=inode)
         self._new_version(inode, EMPTY_DIGEST, digest, who)
         inode.stage, inode.pending = stage, commit

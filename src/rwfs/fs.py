@@ -355,12 +355,17 @@ class Operations(pyfuse3.Operations):
         self.files = Files(ws, batches, self.inodes, self.kernel)
         ws.on_committed = self.files.committed
         ws.on_recorded = self._recorded
+        self.files.on_written = self._written
         self.control.virtual = self.files.virtual.__contains__
         ws.on_gone = self.files.gone
 
     def _recorded(self, c: Commit) -> None:
-        if c.outcome == "committed" and c.intended is not None:
-            self.control.succeeded(c.path, c.intended, c.lsn)
+        # (rwfs's own put-back after a refused save is no success of the writer's)
+        if c.outcome == "committed" and c.intended is not None and not c.info.get("put_back"):
+            self.control.succeeded(c.path, c.intended, c.lsn, c.id, c.shown)
+
+    def _written(self, path: bytes, intended: str | None, c: Commit | None) -> None:
+        self.control.succeeded(path, intended, commit=c.id if c is not None else "")
 
     async def run_primer(self) -> None:
         """Parse the file last opened to read once no request has come for a while: an
@@ -1024,6 +1029,7 @@ class Operations(pyfuse3.Operations):
         i = h.inode
         if not h.dirty:  # the first write since a commit point: what its writer's stderr is
             h.stderr = notice.stderr_of(kernelflags.caller()[0]) or h.stderr
+        _HOLDER.set(self._holder(h))  # (a refused write is its sender's to hear of)
         stage = await self._to_change(i, h.info, off + len(buf))
         try:
             n = os.pwrite(i.fd if stage is None else stage.fd, buf, off)

@@ -276,6 +276,9 @@ class Commit:
     # written: a retry of its group only records it.
     replaced: bool = False
     settled: bool = False  # ``Workspace.settle`` ran: the FUSE layer knows the outcome
+    # Its success was shown as its writer's call returned (``Files.on_written``), before
+    # its record: the record only adds its LSN to ``.rw/why/``.
+    shown: bool = False
     failed: int = 0  # attempts of its group that failed (the journal could not commit)
     wake: trio.Event = field(default_factory=trio.Event)  # set on durable, done or a failure
     # A rename moved the file while this commit was queued (``Files.rename``): ``path`` is
@@ -1977,6 +1980,10 @@ def record_commit(txn: Any, c: Commit) -> None:
         ev["actual"] = c.info.get("actual")
     if c.info.get("recovered"):
         ev["recovered"] = True
+    if c.info.get("put_back"):  # rwfs's own write, after the refusal of a save (files.py)
+        ev["put_back"] = True
+        if c.info.get("refused_lsn"):
+            ev["refused_lsn"] = c.info["refused_lsn"]
     if "mode" in c.info and c.outcome == "committed":
         ev["mode"] = c.info["mode"]
     links = c.info.get("links") if c.outcome in ("committed", "landed") else None
