@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from conftest import Mount, check_clean
+
+from rwfs import notice
 
 REAL = inspect.getsource(json.decoder)  # a real module of a few hundred lines
 CUT = "".join(REAL.splitlines(keepends=True)[:40])  # its first 40 lines: a truncation
@@ -131,3 +134,36 @@ def test_a_program_started_without_a_shell_is_told_but_never_across_users(
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_notice_writes_only_to_the_process_it_names_and_may_signal(tmp_path: Path) -> None:
+    """In-process: the line reaches a live writer's stderr pipe; not a process of a uid
+    the writer's could not signal, not one whose start time says the pid was reused, and
+    never a regular file."""
+    r, w = os.pipe()
+    log = open(tmp_path / "stderr.txt", "wb")
+    piped = subprocess.Popen(["sleep", "30"], stderr=w)
+    filed = subprocess.Popen(["sleep", "30"], stderr=log)
+    os.close(w)
+    log.close()
+    try:
+        me = os.getuid()
+        assert notice.tell(notice.Writer(piped.pid, me), "rwfs: one\n")
+        assert os.read(r, 100) == b"rwfs: one\n"
+        assert notice.stderr_of(piped.pid).startswith("pipe:")
+        start = notice.start_of(piped.pid)
+        assert notice.tell(notice.Writer(piped.pid, me, start=start), "rwfs: two\n")
+        assert os.read(r, 100) == b"rwfs: two\n"
+        assert not notice.tell(notice.Writer(piped.pid, me, start=start + 1), "rwfs: no\n")
+        if me == 0:  # a writer of another uid may not signal root's process
+            assert not notice.tell(notice.Writer(piped.pid, 65534), "rwfs: no\n")
+        assert not notice.tell(notice.Writer(filed.pid, me), "rwfs: no\n")
+        os.set_blocking(r, False)
+        with pytest.raises(BlockingIOError):
+            os.read(r, 100)
+        assert (tmp_path / "stderr.txt").read_bytes() == b""
+    finally:
+        for p in (piped, filed):
+            p.kill()
+            p.wait()
+        os.close(r)
