@@ -259,6 +259,14 @@ def test_mkdir_of_a_taken_batch_name_puts_its_own_envelope(mount: Mount) -> None
     assert (top / "b1" / "status").exists()
     assert "taken" not in (mount.path / ".rw" / "last-error").read_text()
     (top / "b1" / "ctl").write_text("abort\n")
+    # The same for a snapshot's and a chunk session's name.
+    for where, what in (("snapshots", "snapshot s1 exists"), ("chunks", "session s1 exists")):
+        (mount.path / ".rw" / where / "s1").mkdir()
+        other_error()
+        with pytest.raises(FileExistsError):
+            (mount.path / ".rw" / where / "s1").mkdir()
+        env = json.loads((mount.path / ".rw" / "last-error").read_text())
+        assert env["errno"] == "EEXIST" and what in env["message"], env
 
 
 def test_a_refusals_draft_path_resolves_from_the_writers_directory(mount: Mount) -> None:

@@ -85,6 +85,7 @@ class Chunks:
         self.c = control
         self.top = top
         top.refresh, top.mkdir, top.rmdir = self.refresh, self.mkdir, self.rmdir
+        top.taken = self.taken
 
     def _sessions(self) -> dict[bytes, dict[str, Any]]:
         return {r["name"].encode(): r for r in self.c.ws.store.records(_DB)}
@@ -144,6 +145,16 @@ class Chunks:
             return (exc.envelope["message"] + "\n").encode()
         return b"".join(self.c.ws.objects.read(d) for d in digests)
 
+    def taken(self, raw: bytes) -> RwfsError | None:
+        if raw not in self._sessions():
+            return None
+        return _bad(
+            f"No chunk session was opened because session {raw.decode('utf-8', 'replace')} "
+            "exists already; choose another name.",
+            ".rw/chunks",
+            errno.EEXIST,
+        )
+
     async def mkdir(self, raw: bytes, who: dict[str, Any]) -> None:
         name = plain_name(raw)
         if name is None:
@@ -152,8 +163,9 @@ class Chunks:
                 "letters, digits, dots, dashes or underscores, not starting with a dash).",
                 ".rw/chunks",
             )
-        if raw in self._sessions():
-            raise _bad(f"Chunk session {name} exists already.", ".rw/chunks", errno.EEXIST)
+        taken = self.taken(raw)
+        if taken is not None:
+            raise taken
         await self._save({"name": name, "created": now_iso(), "expect": None, "parts": {}, **who})
         self.refresh()
 

@@ -195,9 +195,10 @@ class CDir(CNode):
     find: Callable[[bytes], CNode | None] | None = None
     unlisted: set[bytes] = field(default_factory=set)  # children readdir does not show
     perm: Callable[[], Perm] | None = None  # None: the daemon's, 0755
-    # Told of every lookup of a child, with the caller's thread id (batches/: a mkdir
-    # of a name that exists is refused by the kernel after this lookup, unasked).
-    looked_up: Callable[[bytes, int], None] | None = None
+    # The refusal a mkdir of a child that exists gets (batches/, snapshots/, chunks/):
+    # the kernel finds the child by a lookup and fails the mkdir with EEXIST itself,
+    # unasked, so the lookup is the daemon's only chance to put it in ``last-error``.
+    taken: Callable[[bytes], RwfsError | None] | None = None
 
 
 @dataclass
@@ -544,6 +545,14 @@ class Control:
 
     def get(self, ino: int) -> CNode | None:
         return self.nodes.get(ino)
+
+    def looked_up(self, node: CDir, name: bytes, tid: int) -> None:
+        """A lookup of ``name`` in ``node`` by thread ``tid``: if it is on the way of a
+        mkdir of that name that the kernel will refuse, the refusal's envelope."""
+        if node.taken is not None and making_dir(tid, name):
+            taken = node.taken(name)
+            if taken is not None:
+                self.fail(taken)
 
     def fail(self, exc: RwfsError) -> None:
         """Show an error envelope at ``.rw/last-error`` and, for a file, ``.rw/why/<path>``
@@ -1052,7 +1061,7 @@ class BatchViews:
         self.c = control
         self.top = top
         top.refresh, top.mkdir, top.rmdir = self.refresh, self.mkdir, self.rmdir
-        top.looked_up = self.looked_up
+        top.taken = lambda name: self.c.batches.taken(name.decode("utf-8", "replace"))
 
     def refresh(self) -> None:
         names = {n.encode() for n, b in self.c.batches.all.items() if not b.record.get("removed")}
@@ -1110,15 +1119,6 @@ class BatchViews:
     async def mkdir(self, name: bytes, who: dict[str, Any]) -> None:
         await self.c.batches.open(name, who)
         self.refresh()
-
-    def looked_up(self, name: bytes, tid: int) -> None:
-        """``mkdir batches/NAME`` of a NAME that exists: the kernel finds the directory
-        by this lookup and fails the mkdir with EEXIST itself, so the daemon never hears
-        of the mkdir. The lookup is its only chance to put the refusal's envelope in
-        ``last-error``, as every other refusal does."""
-        taken = self.c.batches.taken(name.decode("utf-8", "replace"))
-        if taken is not None and making_dir(tid, name):
-            self.c.fail(taken)
 
     async def rmdir(self, name: bytes) -> None:
         await self.c.batches.forget(name.decode("utf-8", "replace"))
@@ -1284,6 +1284,7 @@ class SnapshotViews:
         self.c = control
         self.top = top
         top.refresh, top.mkdir, top.rmdir = self.refresh, self.mkdir, self.rmdir
+        top.taken = self.taken
         # name -> snapshot, read from the store once, then kept up to date by mkdir and
         # rmdir (nothing else writes the snapshots while the mount is served): a lookup
         # under snapshots/ reads no record, so each operation costs the same at 10 or
@@ -1299,6 +1300,18 @@ class SnapshotViews:
 
     def get(self, name: str) -> dict[str, Any] | None:
         return self._all().get(name.encode())
+
+    def taken(self, raw: bytes) -> RwfsError | None:
+        if raw not in self._all():
+            return None
+        return RwfsError(
+            errno.EEXIST,
+            "policy_violation",
+            "verb",
+            f"No snapshot was made because snapshot {raw.decode('utf-8', 'replace')} exists "
+            "already; choose another name.",
+            path=".rw/snapshots",
+        )
 
     def refresh(self) -> None:
         self._all()
@@ -1322,14 +1335,9 @@ class SnapshotViews:
                 "64 letters, digits, dots, dashes or underscores, not starting with a dash.",
                 ".rw/snapshots",
             )
-        if self.get(name) is not None:
-            raise RwfsError(
-                errno.EEXIST,
-                "policy_violation",
-                "verb",
-                f"Snapshot {name} exists already; choose another name.",
-                path=".rw/snapshots",
-            )
+        taken = self.taken(raw)
+        if taken is not None:
+            raise taken
         await self.c.ws.sync()  # the point named includes every write acknowledged so far
         snap = {"name": name, "lsn": self.c.ws.store.meta_int(b"lsn"), "ts": now_iso(), **who}
         await trio.to_thread.run_sync(self.c.ws.store.write, lambda txn: txn.put_snapshot(snap))

@@ -592,8 +592,8 @@ class Operations(pyfuse3.Operations):
             child = self.control.child(node, name) if isinstance(node, CDir) else None
             if child is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
-            if isinstance(node, CDir) and node.looked_up is not None:
-                node.looked_up(name, ctx.pid)
+            if isinstance(node, CDir) and node.taken is not None:
+                self.control.looked_up(node, name, ctx.pid)
             return await self._control_entry(child, ctx)
         parent = self._inode(parent_inode)
         if parent_inode == ROOT and name == b".rw":
