@@ -185,7 +185,12 @@ def test_verbs_start_without_the_daemons_modules(workspace: Path, tmp_path: Path
         assert _daemon_modules_of(tmp_path, *args) == [], args
     assert rwfs("mount", ws).returncode == 0
     try:
-        for args in (("status", ws), ("log", "-C", ws), ("undo", "-C", ws, "nosuch")):
+        for args in (
+            ("status", ws),
+            ("log", "-C", ws),
+            ("undo", "-C", ws, "nosuch"),
+            ("run", "-C", ws, "--", "true"),
+        ):
             assert _daemon_modules_of(tmp_path, *args) == [], args
     finally:
         assert rwfs("umount", ws).returncode == 0

@@ -28,7 +28,7 @@ import trio
 
 from . import beneath, chunks, conflicts, gates, gc, handoff, parsers, rights, scratch
 from .allowances import ALLOW_S, PER_USER, WAIVES, Allowance
-from .batches import modes_at
+from .changes import modes_at
 from .history import History, Version
 from .objects import open_regular
 from .policy import Policy, PolicyError

@@ -219,7 +219,7 @@ def summarize(mount: str, name: str, since: int, status: int, batch: str | None)
     """What session ``name`` did: its changes in the journal (``changes_in``), and those
     an open batch still holds (its own ``batch``, or another open batch its writes
     joined: ``held_elsewhere``), its refusals with their own reasons, its conflicts."""
-    from .batches import changes_in
+    from .changes import changes_in
 
     every = session_events(mount, since)
     changes = {os.fsdecode(p): c for p, c in changes_in(every, name, "session").items()}
