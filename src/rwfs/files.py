@@ -139,6 +139,18 @@ RECREATE_S = 10.0
 REMOVED_MAX = 64
 
 
+def _nlink(root_fd: int, inode: Inode) -> int:
+    """How many names the inode's backing file has (1 if it has none in the tree)."""
+    if inode.virtual:
+        return 1
+    try:
+        if inode.fd >= 0:
+            return os.fstat(inode.fd).st_nlink
+        return os.stat(rel(inode.path), dir_fd=root_fd, follow_symlinks=False).st_nlink
+    except OSError:
+        return 1
+
+
 def _exists(root_fd: int, path: bytes) -> bool:
     try:
         os.stat(path, dir_fd=root_fd, follow_symlinks=False)
@@ -707,6 +719,15 @@ class Files:
                 for p in (src, dst):
                     await self.settle_below(p)
                 continue
+            if journaled and (is_dir or (dst_st is not None and stat.S_ISDIR(dst_st.st_mode))):
+                # A hard-linked file's commit journals its other names as the tree has
+                # them when it lands: a directory's rename may move one the inode table
+                # does not know (not looked up since the mount), and would then come
+                # after it in the journal while the names came from after it. It lands
+                # first, so that its names are those of its place in the journal.
+                if linked := [c for c in self.ws.unsettled() if c.linked and not c.superseded]:
+                    await self.ws.settle_commit(linked[0])
+                    continue
             if (
                 journaled
                 and not flags
@@ -1274,6 +1295,7 @@ class Files:
         commit = Commit(path, stage, intended, size, info, owner=inode)
         if len(inode.paths) > 1:  # hard links: committed in place, every name journaled
             commit.aliases = tuple(sorted(inode.paths - {path}))
+        commit.linked = bool(commit.aliases) or _nlink(self.ws.root_fd, inode) > 1
         # A file an open batch holds stays in it, whoever writes it (every writer
         # built on the draft); otherwise the batch whose scope the writer is in.
         batch = self.batches.all.get(str(held.batch)) if held else None

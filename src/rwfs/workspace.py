@@ -272,6 +272,11 @@ class Commit:
     # Other names the writer's inode is known by (hard links): where ``_write_in_place``
     # looks first for the names a commit in place changes too.
     aliases: tuple[bytes, ...] = ()
+    # The file had other names when it was sealed (hard links), known to the inode table
+    # or not: a rename of a directory waits for it (``Files.rename``), since the names it
+    # journals (``links``) are found in the tree when it lands, and must be the names the
+    # file had at its place in the journal.
+    linked: bool = False
     # The replace step ran (``outcome`` is decided) but the commit record could not be
     # written: a retry of its group only records it.
     replaced: bool = False
@@ -1682,7 +1687,7 @@ class Workspace:
         """A commit whose bytes a hard-linked file already holds (a copy into it that a
         crash interrupted after it was done): its other names are journaled with it."""
         if c.intended is not None and st is not None and self.hard_linked(st, c.stage.expected):
-            c.info["links"] = [fsdecode(p) for p in self.other_names(c.path, st, c.aliases)]
+            c.info["links"] = self.journaled_links(c, st)
 
     def linked(self, commits: list[Commit]) -> set[str]:
         """The commits whose file is hard-linked now: ``_replace`` will write them in
@@ -1739,13 +1744,22 @@ class Workspace:
             got = os.fstat(fd)
         finally:
             os.close(fd)
-        c.info["links"] = [fsdecode(p) for p in self.other_names(c.path, got, c.aliases)]
+        c.info["links"] = self.journaled_links(c, got)
         c.info["in_place"] = True
         c.info["mode"] = stat.S_IMODE(got.st_mode)
         self._remember(got, str(c.intended))
         c.new_ino = got.st_ino
         c.discard = True  # the live inode holds the bytes now: the stage goes
         c.outcome = "committed"
+
+    def journaled_links(self, c: Commit, st: os.stat_result) -> list[str]:
+        """The other names a commit in place changes, that the journal follows: not the
+        passthrough ones, whose removal or change it never hears of (the path index would
+        go on claiming their bytes). The names are the tree's as the commit lands, which are
+        the names at its place in the journal: nothing that moves a name of a hard-linked
+        file is done while its commit is queued (``Files.rename`` waits for it)."""
+        names = self.other_names(c.path, st, c.aliases)
+        return [fsdecode(p) for p in names if not self.policy.is_passthrough(p)]
 
     def other_names(
         self, path: bytes, st: os.stat_result, hints: tuple[bytes, ...] = ()
