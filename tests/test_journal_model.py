@@ -10,9 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
-from conftest import Mount, check_clean
+from conftest import Mount, check_clean, prepare_state
+
+from rwfs.store import Store
 
 
 def sha(data: bytes) -> str:
@@ -50,6 +54,111 @@ def test_a_links_names_are_journaled_as_they_were_at_its_write(workspace: Path) 
         hist = m.path / ".rw" / "history" / "D3" / "y"
         got = [(hist / v).read_text() for v in sorted(os.listdir(hist))]
         assert got[-1] == "a\nb\n" and "a\n" in got, got
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def _fsck_mounted(m: Mount) -> subprocess.CompletedProcess[str]:
+    res = m.fsck()
+    assert res.returncode == 0, f"fsck found drift:\n{res.stdout}{res.stderr}"
+    return res
+
+
+def test_no_drift_after_pytest_and_rm_of_its_cache(workspace: Path) -> None:
+    """pytest makes its cache as a journaled temporary directory and renames it onto
+    .pytest_cache, a passthrough name: what lands there leaves the journal's model, so
+    removing it (untold: passthrough) is no drift. So is a name of that kind made by a
+    rename of one file, and removed."""
+    m = Mount(workspace).start()
+    try:
+        (m.path / "test_one.py").write_text("def test_one():\n    assert True\n")
+        (m.path / ".rw" / "snapshots" / "before").mkdir()
+        res = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "test_one.py"],
+            cwd=m.path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert (m.path / ".pytest_cache" / "README.md").exists()
+        events = journal(m)
+        assert any(e["op"] == "rename" and e["dest"] == ".pytest_cache" for e in events), (
+            "pytest no longer renames its cache into place: this test tests nothing"
+        )
+        _fsck_mounted(m)
+        subprocess.run(["rm", "-rf", str(m.path / ".pytest_cache")], check=True)
+        (m.path / "notes.txt").write_text("kept\n")
+        os.rename(m.path / "notes.txt", m.path / "notes.log")  # *.log: passthrough
+        os.unlink(m.path / "notes.log")
+        _fsck_mounted(m)
+        # The journal's model: nothing is claimed at the passthrough names, so history
+        # lists none of them, and a restore of a point before pytest finds nothing there
+        # to take back (a claim of bytes it cannot find would be a conflict, ESTALE).
+        hist = set(os.listdir(m.path / ".rw" / "history"))
+        assert not hist & {".pytest_cache", "notes.log"}, hist
+        (m.path / ".rw" / "ctl").write_text("restore before\n")
+        assert sorted(set(os.listdir(m.path)) - {"__pycache__"}) == ["test_one.py"]
+    finally:
+        m.stop()
+    check_clean(m)
+    store = Store(str(workspace / ".rw" / "journal"), readonly=True)
+    try:
+        claimed = [p for p, e in store.paths().items() if e.get("digest")]
+    finally:
+        store.close()
+    assert claimed == [b"test_one.py"], claimed
+
+
+def test_no_drift_after_removing_a_file_past_max_journaled_bytes(workspace: Path) -> None:
+    """A file that grows past max_journaled_bytes leaves journaling; its removal is not
+    journaled, and the journal claims nothing about it any more."""
+    prepare_state(workspace, "max_journaled_bytes = 4096\n")
+    m = Mount(workspace).start()
+    try:
+        big = m.path / "big.bin"
+        big.write_bytes(b"x" * 100)
+        with open(big, "ab") as f:
+            f.write(b"y" * 8192)
+        assert big.stat().st_size == 8292
+        assert any(e["op"] == "unjournaled" for e in journal(m))
+        os.unlink(big)
+        _fsck_mounted(m)
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_no_drift_after_git_clean(workspace: Path) -> None:
+    """git clean -fdx removes every untracked file, journaled or not (a passthrough
+    directory made by a rename among them), and the journal stays true to the tree."""
+    m = Mount(workspace).start()
+    try:
+
+        def git(*args: str) -> None:
+            subprocess.run(
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                cwd=m.path,
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+
+        git("init", "-q")
+        (m.path / "kept.txt").write_text("tracked\n")
+        git("add", "kept.txt")
+        git("commit", "-q", "-m", "one")
+        (m.path / "junk").mkdir()
+        (m.path / "junk" / "a.txt").write_text("untracked\n")
+        os.link(m.path / "junk" / "a.txt", m.path / "junk" / "b.txt")
+        (m.path / "tmp-cache").mkdir()
+        (m.path / "tmp-cache" / "x.txt").write_text("cache\n")
+        os.rename(m.path / "tmp-cache", m.path / "build")  # build/**: passthrough
+        (m.path / "build" / "y.o").write_bytes(b"\0obj")
+        git("clean", "-fdxq")
+        assert sorted(os.listdir(m.path)) == [".git", "kept.txt"]
+        _fsck_mounted(m)
     finally:
         m.stop()
     check_clean(m)

@@ -790,6 +790,11 @@ class Files:
             extra.update(mode=stat.S_IMODE(sst.st_mode), owner=[sst.st_uid, sst.st_gid])
         if allowance is not None:  # let through by an allowance (allowances.py)
             extra["allowed"] = allowance.record()
+        if journaled and not exchange and self.ws.policy.is_passthrough(dst, is_dir):
+            # Onto a name rwfs does not journal (pytest's cache made as a temporary
+            # directory, then renamed onto .pytest_cache): what it moves leaves the
+            # journal there, whose model would otherwise keep files removed untold.
+            extra["untracked"] = True
         try:
             with self.ws.operation(
                 journaled,

@@ -3,7 +3,8 @@
 Checks, each reported as one line of drift:
 - every path the journal last recorded with a digest holds those bytes (a path that was
   never journaled, or that rwfs now writes unjournaled — passthrough, larger than
-  ``max_journaled_bytes`` — is not checked: rwfs makes no claim about it);
+  ``max_journaled_bytes`` — is not checked, present or absent: rwfs makes no claim about
+  it);
 - every path it recorded as deleted is absent;
 - no receipt is unsettled, no intent-log generation is unapplied and no intent record is
   held (else recovery is owed: mount once to run it), save an interrupted batch's owed writes, whose files must still
@@ -63,6 +64,10 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
             if n % 1000 == 0:
                 say(f"fsck: {n}/{len(paths)} paths")
             want = entry.get("digest")
+            if policy.is_passthrough(path):
+                # rwfs journals nothing of it, its removal neither: no claim to check (a
+                # store from before a rename onto such a name dropped its rows).
+                continue
             try:
                 fd, st = open_regular(root_fd, path)
             except FileNotFoundError:

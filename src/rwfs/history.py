@@ -7,8 +7,9 @@ different questions:
   ``write`` gives it its ``intended`` digest, an ``unlink`` takes it away, a ``rename`` takes
   it away from the source and gives the destination the moved bytes, as one new version —
   the destination's earlier versions stay its own, and the source's do not become the
-  destination's. The first event of a path also names the bytes it held before rwfs
-  journaled it (version 0): a write's or unlink's ``expected``, a rename's ``expected`` for
+  destination's (a rename onto a passthrough name, ``untracked``, only takes the files
+  away: the journal does not follow them there). The first event of a path also names the
+  bytes it held before rwfs journaled it (version 0): a write's or unlink's ``expected``, a rename's ``expected`` for
   the destination it replaced and its ``intended`` for the source that moved. ``state_at``
   reads timelines only: snapshots and restore see a file saved by write-a-temporary-then-
   rename as existing throughout, with its old bytes before the rename.
@@ -199,6 +200,13 @@ class History:
                     Version(0, ev["ts"], moved, False, *self.meta.get(src, (None, None)))
                 ]
         moves: dict[bytes, tuple[bytes, str | None]] = {}
+        if ev.get("untracked"):
+            # Onto a passthrough name: the files leave the journal, which does not hear
+            # of them there (their removal, say), so no version stands for them there.
+            for p in self._below(src) + self._below(dest):
+                moves[p] = (p, None)
+            self._move(moves, ev)
+            return
         for p in self._below(src):
             moves[dest + p[len(src) :]] = (p, moved if p == src else self._now(p))
             moves.setdefault(p, (p, None))

@@ -304,7 +304,7 @@ def _apply(ws: Workspace, txn: Txn, rec: dict[str, Any]) -> None:
             ev["expected"], ev["size"] = got
         else:  # already moved to its digest name by the group the crash cut short
             ev.update(rec.get("kept") or {})
-    record_event(txn, ev)
+    record_event(txn, ev, ws.policy)
 
 
 def _exists(ws: Workspace, path: str) -> bool:

@@ -89,7 +89,7 @@ import os
 import re
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lmdb
@@ -226,8 +226,13 @@ class Txn:
     def _delete_path(self, path: bytes) -> None:
         self._t.delete(self._s.path_key(path or b"."), db=self._s.db[b"paths"])
 
-    def move_paths(self, src: bytes, dst: bytes, lsn: int) -> None:
-        """A rename: ``src`` and every path below it now live under ``dst``."""
+    def move_paths(
+        self, src: bytes, dst: bytes, lsn: int, tracked: Callable[[bytes], bool] | None = None
+    ) -> None:
+        """A rename: ``src`` and every path below it now live under ``dst``. A path that
+        lands where ``tracked`` says rwfs does not journal (a passthrough name) leaves the
+        index: rwfs makes no claim about its bytes from then on (it is not journaled when
+        it changes or goes)."""
         moved: list[tuple[bytes, Any]] = [(src, self._get_path(src))]
         moved += [(p, self._get_path(p)) for p in self._paths_under(src) if p != src]
         for path, _ in moved:
@@ -235,18 +240,27 @@ class Txn:
         for path in self._paths_under(dst):
             self._delete_path(path)  # what the rename replaced
         for path, value in moved:
-            if value is not None:
+            there = dst + path[len(src) :]
+            if value is not None and (tracked is None or tracked(there)):
                 entry = json.loads(bytes(value))
-                self.set_path(dst + path[len(src) :], entry["digest"], lsn)
+                self.set_path(there, entry["digest"], lsn)
         self.set_path(src, None, lsn)
 
-    def swap_paths(self, a: bytes, b: bytes, lsn: int) -> None:
+    def swap_paths(
+        self, a: bytes, b: bytes, lsn: int, tracked: Callable[[bytes], bool] | None = None
+    ) -> None:
         """RENAME_EXCHANGE: the two paths (and what is below them) trade places."""
         tmp = b"\0swap"  # no path holds a NUL byte
         self.move_paths(a, tmp, lsn)
-        self.move_paths(b, a, lsn)
-        self.move_paths(tmp, b, lsn)
+        self.move_paths(b, a, lsn, tracked)
+        self.move_paths(tmp, b, lsn, tracked)
         self._delete_path(tmp)
+
+    def forget_paths(self, top: bytes) -> None:
+        """``top`` and every path below it leave the index: rwfs no longer journals them
+        (a file past ``max_journaled_bytes``), so it makes no claim about their bytes."""
+        for path in self._paths_under(top or b"."):
+            self._delete_path(path)
 
     def _paths_under(self, top: bytes) -> list[bytes]:
         """``top`` (if indexed) and every indexed path below it."""

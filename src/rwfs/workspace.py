@@ -1522,7 +1522,7 @@ class Workspace:
             if isinstance(item, Commit):
                 record_commit(txn, item)
             else:
-                item.lsn = record_event(txn, dict(item.event))
+                item.lsn = record_event(txn, dict(item.event), self.policy)
         txn.set_meta_int(b"applied_gen", gens[-1])
 
     def _recorded_gens(self, gens: list[int]) -> None:
@@ -2039,14 +2039,18 @@ def record_commit(txn: Any, c: Commit) -> None:
     txn.put_receipt(receipt)
 
 
-def record_event(txn: Any, ev: dict[str, Any]) -> int:
+def record_event(txn: Any, ev: dict[str, Any], policy: Policy | None = None) -> int:
     """Journal a namespace event and its effect on the path index; returns its LSN.
 
     A rename that puts a file's bytes at a path is a commit of that path: it gets a
-    receipt (expected = the replaced bytes or null, intended = the moved bytes).
+    receipt (expected = the replaced bytes or null, intended = the moved bytes). A path
+    a rename puts where ``policy`` journals nothing (a passthrough name), and a file that
+    left journaling (``unjournaled``), leave the path index: rwfs does not journal what
+    happens to them next (an ``rm -rf .pytest_cache``), so it claims nothing about them.
     """
     op = ev["op"]
     path = os.fsencode(ev["path"])
+    tracked = None if policy is None else (lambda p: not policy.is_passthrough(p))
     receipt = None
     if op == "rename" and ev.get("intended") and not ev.get("exchange"):
         rid = txn.new_receipt(
@@ -2074,13 +2078,15 @@ def record_event(txn: Any, ev: dict[str, Any]) -> int:
         txn.add_object(ev["expected"], 0, lsn)
     if op == "unlink":
         txn.set_path(path, None, lsn)
+    elif op == "unjournaled":
+        txn.forget_paths(path)
     elif op == "rename":
         dest = os.fsencode(ev["dest"])
         if ev.get("exchange"):
-            txn.swap_paths(path, dest, lsn)
+            txn.swap_paths(path, dest, lsn, tracked)
         else:
-            txn.move_paths(path, dest, lsn)
-            if ev.get("intended"):
+            txn.move_paths(path, dest, lsn, tracked)
+            if ev.get("intended") and (tracked is None or tracked(dest)):
                 txn.set_path(dest, ev["intended"], lsn)
     elif op == "create":
         txn.set_path(path, ev.get("intended"), lsn)
