@@ -13,10 +13,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from conftest import Mount, check_clean, prepare_state
 
 from rwfs.store import Store
+from rwfs.workspace import record_event
 
 
 def sha(data: bytes) -> str:
@@ -159,6 +161,71 @@ def test_no_drift_after_git_clean(workspace: Path) -> None:
         git("clean", "-fdxq")
         assert sorted(os.listdir(m.path)) == [".git", "kept.txt"]
         _fsck_mounted(m)
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+def test_drift_of_a_store_from_before_is_named_and_repaired_at_mount(workspace: Path) -> None:
+    """A journal as rwfs wrote it before its model was kept true: a write through x
+    journaled with its link's name after a rename (D3/y) at an LSN before that rename,
+    and a file that left journaling, removed untold. fsck names both; the next mount
+    repairs the index by events of its own, once, and fsck is clean."""
+    prepare_state(workspace, "")
+    (workspace / ".rw" / "intents").mkdir()
+    (workspace / "D3").mkdir()
+    (workspace / "D3" / "y").write_text("a\nb\n")
+    os.link(workspace / "D3" / "y", workspace / "x")
+    a, b, c = sha(b"a\n"), sha(b"a\nb\n"), sha(b"c" * 10)
+    store = Store(str(workspace / ".rw" / "journal"))
+    try:
+
+        def old(txn: Any) -> None:
+            txn._t.delete(b"index:links", db=store.db[b"meta"])  # a store from before
+            for ev in (
+                {"op": "create", "path": "D1/y", "intended": a},
+                {"op": "link", "path": "x", "source": "D1/y", "intended": a},
+                {"op": "write", "path": "x", "expected": a, "intended": b, "links": ["D3/y"]},
+                {"op": "rename", "path": "D1", "dest": "D3"},
+                {"op": "create", "path": "big.bin", "intended": c},
+                {"op": "unjournaled", "path": "big.bin", "expected": None},
+            ):
+                if ev["op"] == "unjournaled":  # (its row stayed)
+                    txn.append_event({"batch": None, **ev})
+                    continue
+                lsn = record_event(txn, {"batch": None, **ev})  # (no policy: as before)
+                for other in ev.get("links", ()):
+                    txn.set_path(os.fsencode(other), b, lsn)
+                if ev["op"] == "write":
+                    txn.set_path(b"x", b, lsn)
+
+        store.write(old)
+    finally:
+        store.close()
+    m = Mount(workspace)
+    res = m.fsck()
+    assert res.returncode == 1
+    lines = sorted(res.stdout.splitlines())
+    assert len(lines) == 2, res.stdout + res.stderr
+    assert lines[0].startswith("D3/y: journaled as " + a) and "hard link x" in lines[0]
+    assert "mount once to repair it" in lines[0]
+    assert lines[1] == f"big.bin: journaled as {c} but absent"
+    m.start()
+    try:
+        repairs = [e for e in journal(m) if e.get("repair")]
+        assert [(e["op"], e["path"]) for e in repairs] == [
+            ("write", "D3/y"),
+            ("unjournaled", "big.bin"),
+        ]
+        assert (repairs[0]["expected"], repairs[0]["intended"]) == (a, b)
+        hist = m.path / ".rw" / "history" / "D3" / "y"
+        assert (hist / sorted(os.listdir(hist))[-1]).read_text() == "a\nb\n"
+    finally:
+        m.stop()
+    check_clean(m)
+    m.start()  # once: a second mount has nothing to repair
+    try:
+        assert len([e for e in journal(m) if e.get("repair")]) == 2
     finally:
         m.stop()
     check_clean(m)

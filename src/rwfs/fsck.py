@@ -5,7 +5,9 @@ Checks, each reported as one line of drift:
   never journaled, or that rwfs now writes unjournaled — passthrough, larger than
   ``max_journaled_bytes`` — is not checked, present or absent: rwfs makes no claim about
   it);
-- every path it recorded as deleted is absent;
+- every path it recorded as deleted is absent (a hard link whose bytes another of its
+  names is journaled with is named as such: a write journaled under the name a later
+  rename gave it, which the next mount repairs in a store from before that was fixed);
 - no receipt is unsettled, no intent-log generation is unapplied and no intent record is
   held (else recovery is owed: mount once to run it), save an interrupted batch's owed writes, whose files must still
   hold their expected (or intended) bytes;
@@ -23,6 +25,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from . import beneath
 from .objects import ObjectStore, digest_fd, open_regular
 from .policy import Policy, PolicyError
 from .store import Store
@@ -60,6 +63,7 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
                 problems.append(f"intent log {name} is not applied: mount to recover it")
         policy = policy_of(state_fd)
         paths = store.paths()
+        repaired = store.meta_int(b"index:links")  # (else the next mount repairs links)
         for n, (path, entry) in enumerate(sorted(paths.items()), 1):
             if n % 1000 == 0:
                 say(f"fsck: {n}/{len(paths)} paths")
@@ -87,7 +91,15 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
             if want is None:
                 continue  # deleted, then created again unjournaled
             if have != want:
-                problems.append(f"{os.fsdecode(path)}: journaled as {want} but holds {have}")
+                problem = f"{os.fsdecode(path)}: journaled as {want} but holds {have}"
+                if st.st_nlink > 1 and (other := _link_holding(root_fd, paths, path, st, have)):
+                    problem += (
+                        f", the bytes its hard link {os.fsdecode(other)} is journaled with: "
+                        "a write through that name was journaled under this one's later "
+                        "name, before the rename that made it"
+                        + ("; mount once to repair it" if not repaired else "")
+                    )
+                problems.append(problem)
         objects = ObjectStore(state_fd)
         for digest, what in _references(store):
             if not objects.exists(digest):
@@ -144,6 +156,22 @@ def main_fsck(root: str, state: str) -> int:
         return 1
     print("fsck: the journal, the object store and the tree agree")
     return 0
+
+
+def _link_holding(
+    root_fd: int, paths: dict[bytes, dict], path: bytes, st: os.stat_result, digest: str
+) -> bytes | None:
+    """Another name of the file ``st`` at ``path`` that the index gives ``digest``."""
+    for other, entry in paths.items():
+        if other == path or entry.get("digest") != digest:
+            continue
+        try:
+            got = beneath.stat(root_fd, other)
+        except OSError:
+            continue
+        if (got.st_dev, got.st_ino) == (st.st_dev, st.st_ino):
+            return other
+    return None
 
 
 def _digest_at(root_fd: int, path: str) -> str | None:

@@ -6,7 +6,9 @@
    intended → committed, nothing written; expected → the owed write is performed;
    neither → a conflict, nothing written; unreadable → stays pending. Explicit batches
    are settled by ``batches.recover``: an owed write of theirs waits for ``resume``.
-3. Removed bytes left in ``objects/incoming`` are hashed into place; orphaned stages go.
+3. Once per store written before rwfs kept it so, the path index is repaired where the
+   journal's model of the tree went wrong (``_repair_index``).
+4. Removed bytes left in ``objects/incoming`` are hashed into place; orphaned stages go.
 
 Blocking; runs before trio starts.
 """
@@ -78,6 +80,10 @@ def recover(
     recover_batches(
         ws, batches or Batches(ws), summary, lambda what, exc: _failed(ws, summary, what, exc)
     )
+    try:
+        _repair_index(ws, summary, say)
+    except Exception as exc:
+        _failed(ws, summary, "the path index's repair", exc)
     for adopted in ws.objects.incoming():
         try:
             ws.objects.settle_incoming(adopted)
@@ -479,3 +485,90 @@ def _open_stage(ws: Workspace, name: str | None) -> int | None:
         return os.open(name, os.O_RDWR | os.O_NOFOLLOW, dir_fd=ws.staging_fd)
     except FileNotFoundError:
         return None
+
+
+def _repair_index(ws: Workspace, summary: dict[str, int], say: Callable[[str], None]) -> None:
+    """Once per store (``meta`` ``index:links``): repair the path index where rwfs before
+    it was kept true left drift that fsck reports for good, each repair an event of its
+    own (``repair``, ``recovered``), so that the journal replayed still gives the index:
+
+    - a hard-linked file's write journaled with a name of a later rename of its
+      directory (the rename then gave the name the old bytes): when the name's file
+      holds other bytes than the index says, and another of its names is journaled with
+      those bytes, a ``write`` gives the name them;
+    - a file that left journaling (``unjournaled``, past ``max_journaled_bytes``) kept its
+      row, and its removal, unjournaled, was never told: an ``unjournaled`` event takes
+      the row away."""
+    if ws.store.meta_int(b"index:links"):
+        return
+    linked: set[bytes] = set()  # names writes journaled as their links
+    left: dict[bytes, int] = {}  # files that left journaling, followed by renames -> LSN
+    for n, ev in enumerate(ws.store.events(), 1):
+        if n % 100_000 == 0:
+            say(f"recovery: checking the path index, {n} events")
+        op, path = ev["op"], os.fsencode(ev.get("path") or "")
+        if op == "write":
+            linked.update(os.fsencode(p) for p in ev.get("links") or ())
+        if op == "unjournaled":
+            left[path] = ev["lsn"]
+        elif op in ("write", "create", "link", "unlink", "resolve"):
+            left.pop(path, None)
+        elif op == "rename" and not ev.get("exchange") and left:
+            dest, top = os.fsencode(ev["dest"]), path + b"/"
+            left.pop(dest, None)
+            for p in [p for p in left if p == path or p.startswith(top)]:
+                del left[p]
+                left[dest + p[len(path) :]] = ev["lsn"]
+    paths = ws.store.paths()
+    gone = sorted(
+        p for p, lsn in left.items() if paths.get(p, {}).get("digest") and paths[p]["lsn"] <= lsn
+    )
+    relinks = []
+    for name in sorted(linked):
+        want = paths.get(name, {}).get("digest")
+        if want is None or ws.policy.is_passthrough(name):
+            continue
+        try:
+            have, st = ws.live_digest(name)
+        except (OSError, TooLarge):
+            continue
+        if have is None or have == want or st is None or st.st_nlink < 2:
+            continue
+        if any(paths.get(p, {}).get("digest") == have for p in ws.other_names(name, st)):
+            relinks.append((name, want, have, st))
+
+    def repair(txn: Txn) -> None:
+        for name, want, have, st in relinks:
+            ev = {
+                "op": "write",
+                "path": os.fsdecode(name),
+                "batch": f"auto-e{txn.next_lsn()}",
+                "expected": want,
+                "intended": have,
+                "size": st.st_size,
+                "mode": stat.S_IMODE(st.st_mode),
+                "recovered": True,
+                "repair": "links",
+            }
+            txn.set_path(name, have, txn.append_event(ev))
+        for name in gone:
+            record_event(
+                txn,
+                {
+                    "op": "unjournaled",
+                    "path": os.fsdecode(name),
+                    "batch": None,
+                    "recovered": True,
+                    "repair": "index",
+                },
+                ws.policy,
+            )
+        txn.set_meta_int(b"index:links", 1)
+
+    ws.store.write(repair)
+    if relinks or gone:
+        summary["repaired"] = len(relinks) + len(gone)
+        for name in [n for n, *_ in relinks] + gone:
+            print(
+                f"rwfs: recovery: repaired the path index at {os.fsdecode(name)}", file=sys.stderr
+            )

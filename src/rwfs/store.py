@@ -12,6 +12,10 @@ values are listed here, and this docstring is the canonical reference for them.
                  generation whose receipts are prepared / whose events are all applied
                  (see ``intents.py``).
                  ``b"count:<name>"`` → u64 counters shown in ``.rw/status``.
+                 ``b"index:links"`` → u64 1 once the path index is known true to the
+                 journal's model (a new store, or recovery's one repair of a store that
+                 rwfs wrote before it kept hard links' names and unjournaled files true:
+                 ``recovery._repair_index``).
 ``events``     — u64 LSN (big-endian) → JSON event (SPEC §7.1), append-only; every event
                  has ``lsn``, ``ts``, ``op``, ``path`` and the ``EVENT_KEYS`` (null where
                  they do not apply). An event written by a process of an ``rwfs run``
@@ -399,6 +403,7 @@ class Store:
             found = txn.get(b"schema", db=self.db[b"meta"])
             if found is None:
                 txn.put(b"schema", SCHEMA_VERSION, db=self.db[b"meta"])
+                txn.put(b"index:links", u64(1), db=self.db[b"meta"])  # nothing to repair
             elif found != SCHEMA_VERSION:
                 raise RuntimeError(
                     f"journal schema {found.decode()} is not {SCHEMA_VERSION.decode()}; "
