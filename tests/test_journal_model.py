@@ -33,8 +33,9 @@ def journal(m: Mount) -> list[dict]:
 def test_a_links_names_are_journaled_as_they_were_at_its_write(workspace: Path) -> None:
     """A write through one name of a hard-linked file, then a rename of the directory of
     another name the mount has not looked up since the remount: the write is journaled
-    with the name the link had then (D1/y), before the rename moves it; replayed, the
-    journal gives D3/y the new bytes, as the tree has them."""
+    with the name the link had then (D1/y), before the rename moves it, and the next
+    write with the name it has since (D3/y); replayed, the journal gives D3/y the new
+    bytes, as the tree has them."""
     m = Mount(workspace).start()
     try:
         (m.path / "D1").mkdir()
@@ -47,15 +48,19 @@ def test_a_links_names_are_journaled_as_they_were_at_its_write(workspace: Path) 
         with open(m.path / "x", "a") as f:
             f.write("b\n")
         os.rename(m.path / "D1", m.path / "D3")
-        assert (m.path / "D3" / "y").read_text() == "a\nb\n"
+        with open(m.path / "x", "a") as f:  # again: D3/y, the link's name now, not known
+            f.write("c\n")
         events = journal(m)
-        write = next(e for e in events if e["op"] == "write" and e["path"] == "x")
+        writes = [e for e in events if e["op"] == "write" and e["path"] == "x"]
         rename = next(e for e in events if e["op"] == "rename" and e["path"] == "D1")
-        assert write["lsn"] < rename["lsn"]
-        assert write["links"] == ["D1/y"]
+        assert [(e["lsn"] < rename["lsn"], e.get("links")) for e in writes] == [
+            (True, ["D1/y"]),
+            (False, ["D3/y"]),
+        ]
+        assert (m.path / "D3" / "y").read_text() == "a\nb\nc\n"
         hist = m.path / ".rw" / "history" / "D3" / "y"
         got = [(hist / v).read_text() for v in sorted(os.listdir(hist))]
-        assert got[-1] == "a\nb\n" and "a\n" in got, got
+        assert got[-1] == "a\nb\nc\n" and "a\nb\n" in got, got
     finally:
         m.stop()
     check_clean(m)

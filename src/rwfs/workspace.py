@@ -1766,14 +1766,19 @@ class Workspace:
     ) -> list[bytes]:
         """The workspace's other names of the file at ``path`` (hard links): looked for in
         the directories of ``path`` and of ``hints`` first, then, if the link count says
-        some are still missing, in the whole tree, once per file and link count (a name
-        outside the workspace is never found: the walk is not made again for it)."""
+        some are still missing, in the whole tree, once per file and link count, and again
+        when a name found before has moved (a name outside the workspace is never found:
+        the walk is not made again for it)."""
         key, want = (st.st_dev, st.st_ino), st.st_nlink - 1
-        found = set(self._links_seen.get(key, ()))
+        seen = self._links_seen.get(key, set())
+        found = set(seen)
         for d in {p.rpartition(b"/")[0] for p in (path, *hints)}:
             found |= self._scan(d, st)
         found = {p for p in found if p != path and self._same(p, st)}
-        if len(found) < want and self._walked.get(key) != st.st_nlink:
+        # A name found before that no longer names the file moved (a rename of it or of
+        # a directory above it: the link count stays) or went: walk again for it.
+        moved = any(p != path and p not in found for p in seen)
+        if len(found) < want and (moved or self._walked.get(key) != st.st_nlink):
             found |= {p for p in self._walk(b"", st) if p != path}
             self._walked[key] = st.st_nlink
         self._links_seen[key] = found | {path}
