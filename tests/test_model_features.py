@@ -5,7 +5,9 @@ A hypothesis state machine interleaves the ways programs write a file (in place,
 ``cp`` of another file onto it, ``truncate``, ``rm``, ``ln`` of a hard link) on ordinary,
 deep (a path past LMDB's 511-byte key limit) and odd-byte names, with snapshots,
 ``restore`` (of the run's directory or of one path), explicit batches (open, commit, abort)
-and ``undo`` of the last committed batch. A plain dictionary is the model, with the groups
+and ``undo`` of the last committed batch, renames and exchanges of a directory while a
+write through a hard link's other name is queued, and a remount (after which the mount
+knows no name it has not looked up again; ``rwfs fsck`` must agree then too). A plain dictionary is the model, with the groups
 of names that are one file (hard links): a write in place changes every name of the group,
 a save by rename or a removal takes the name out of it. After every step it checks:
 
@@ -38,10 +40,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from rwfs.workspace import renameat2
+
 LONG_DIR = "/".join(c * 200 for c in "LMN")  # with the run's directory: > 600 bytes
 ODD = os.fsdecode(b"o\xff\xfe dd\nname.txt")
 NAMES = ["a.py", "b.txt", "d/c.py", f"{LONG_DIR}/f.txt", ODD]
-DIRS = ["d", LONG_DIR]
+DIRS = ["d", "e", LONG_DIR]  # e: empty, for exchanges with d
 
 names = st.sampled_from(NAMES)
 data = st.binary(max_size=40) | st.sampled_from([b"a\nab\n", b"alpha\nbeta", b"x" * 3000])
@@ -56,6 +60,7 @@ class Run:
     n = 0
     steps = 0  # steps of every run
     longest = 0  # steps of the longest run
+    remounts = 0
 
 
 def ctl(path: Path, text: str) -> None:
@@ -100,6 +105,7 @@ class Features(RuleBasedStateMachine):
         self.links: list[set[str]] = []  # names that are one file (the view's)
         self.links_base: list[set[str]] = []  # at the open batch's start
         self.linked_in_batch = False  # a batch's change touched a linked name
+        self.remounted = False
 
     # ---- the model ----
 
@@ -261,6 +267,67 @@ class Features(RuleBasedStateMachine):
         group = self.group(src)
         self.links = [g for g in self.links if g is not group] + [group | {dst}]
         self.set(dst, self.view[src])
+
+    def outside_d(self) -> list[str]:
+        """Names outside ``d`` of files that have a name in ``d`` too."""
+        return sorted(
+            n
+            for g in self.links
+            if any(m.startswith("d/") for m in g)
+            for n in g
+            if not n.startswith("d/")
+        )
+
+    @precondition(lambda self: self.batch is None)
+    @rule(data=st.data(), buf=data, exchange=st.booleans())
+    def move_dir_while_writing(self, data: st.DataObject, buf: bytes, exchange: bool) -> None:
+        """An append through a name (one outside ``d`` of a file with a name in it, if
+        there is one), then at once (its commit queued) a rename of ``d``, or its exchange
+        with the empty ``e``, another append, and the way back: a hard link's name in
+        ``d`` is journaled with each write as it was at the write."""
+        outside = self.outside_d()
+        name = data.draw(st.sampled_from(outside) if outside else names)
+        if name not in self.view:
+            return
+        away = b"e" if exchange else b"d.moved"
+        d, there = os.fsencode(self.top / "d"), os.fsencode(self.top) + b"/" + away
+        moved = os.fsencode(self.p(name))
+        if name.startswith("d/"):
+            moved = there + b"/" + os.fsencode(name[2:])
+        with open(self.p(name), "ab") as f:
+            f.write(buf)
+        renameat2(-100, d, -100, there, 2 if exchange else 0)  # (AT_FDCWD; EXCHANGE)
+        with open(moved, "ab") as f:
+            f.write(buf)
+        renameat2(-100, there, -100, d, 2 if exchange else 0)
+        self.write(name, self.view[name] + buf + buf)
+
+    @precondition(lambda self: self.batch is None and self.steps >= 15 and not self.remounted)
+    @rule(data=st.data(), buf=data, exchange=st.booleans())
+    def remount_then_move_dir(self, data: st.DataObject, buf: bytes, exchange: bool) -> None:
+        """A file with a name in ``d`` and one outside it (linked now, if none is); a clean
+        unmount, fsck of the journal against the tree, and a mount again, which knows
+        none of the names until they are looked up; then a write through the name outside
+        ``d`` and a rename or an exchange of ``d`` at once (``move_dir_while_writing``)."""
+        if not self.outside_d():
+            pairs = [
+                (a, b)
+                for a in NAMES
+                for b in NAMES
+                if a in self.view
+                and b not in self.view
+                and a.startswith("d/") != b.startswith("d/")
+            ]
+            if not pairs:
+                return
+            self.link(*data.draw(st.sampled_from(pairs)))
+        self.remounted = True
+        Run.remounts += 1
+        Run.mount.stop()
+        res = Run.mount.fsck()
+        assert res.returncode == 0, res.stdout + res.stderr
+        Run.mount.start()
+        self.move_dir_while_writing(data, buf, exchange)
 
     # ---- snapshots, restore, batches, undo ----
 
@@ -455,4 +522,7 @@ def test_features_agree_with_a_plain_model(mounted: Mount) -> None:
             phases=[Phase.generate] if os.environ.get("RWFS_MODEL_NOSHRINK") else list(Phase),
         ),
     )
-    print(f"model: {Run.n} runs, {Run.steps} steps, the longest {Run.longest}")
+    print(
+        f"model: {Run.n} runs, {Run.steps} steps, the longest {Run.longest}, "
+        f"{Run.remounts} remounts"
+    )
