@@ -113,7 +113,7 @@ import trio
 
 from . import faults
 from .allowances import Allowance
-from .batches import Batches
+from .batches import COMMITTING, Batches
 from .inodes import Inode, InodeTable
 from .objects import EMPTY_DIGEST, open_regular
 from .workspace import (
@@ -695,6 +695,7 @@ class Files:
             raise _refused(errno.EXDEV)
         exchange = bool(flags & RENAME_EXCHANGE)
         allowance: Allowance | None = None  # the writer's, of dst, that this rename uses
+        batch_waited = False
         # A commit names its path, which the rename would make stale (a conflict, ESTALE
         # to a writer waiting in fsync). A regular file's commits still queued move with
         # it (``carry``: the save of a temporary file renamed over its target) or, at the
@@ -727,6 +728,16 @@ class Files:
                 # first, so that its names are those of its place in the journal.
                 if linked := [c for c in self.ws.unsettled() if c.linked and not c.superseded]:
                     await self.ws.settle_commit(linked[0])
+                    continue
+                if not batch_waited and any(
+                    b.state == COMMITTING for b in self.batches.all.values()
+                ):
+                    # A batch's commit (an undo, a restore) writes hard-linked files in
+                    # place in its thread, under commit_lock, and journals their names
+                    # ahead of this rename's event: once, it ends first.
+                    batch_waited = True
+                    async with self.ws.commit_lock:
+                        pass
                     continue
             if (
                 journaled

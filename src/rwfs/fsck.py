@@ -4,10 +4,11 @@ Checks, each reported as one line of drift:
 - every path the journal last recorded with a digest holds those bytes (a path that was
   never journaled, or that rwfs now writes unjournaled — passthrough, larger than
   ``max_journaled_bytes`` — is not checked, present or absent: rwfs makes no claim about
-  it);
-- every path it recorded as deleted is absent (a hard link whose bytes another of its
-  names is journaled with is named as such: a write journaled under the name a later
-  rename gave it, which the next mount repairs in a store from before that was fixed);
+  it). A hard link that holds the bytes another of its names is journaled with is named
+  as such: a write journaled under the name a later rename gave it, the drift a store
+  written before links were journaled at their write's LSN may hold, which the next
+  mount repairs (``recovery._repair_index``);
+- every path it recorded as deleted is absent;
 - no receipt is unsettled, no intent-log generation is unapplied and no intent record is
   held (else recovery is owed: mount once to run it), save an interrupted batch's owed writes, whose files must still
   hold their expected (or intended) bytes;
