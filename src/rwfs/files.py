@@ -723,9 +723,10 @@ class Files:
             if journaled and (is_dir or (dst_st is not None and stat.S_ISDIR(dst_st.st_mode))):
                 # A hard-linked file's commit journals its other names as the tree has
                 # them when it lands: a directory's rename may move one the inode table
-                # does not know (not looked up since the mount), and would then come
-                # after it in the journal while the names came from after it. It lands
-                # first, so that its names are those of its place in the journal.
+                # does not know (not looked up since the mount), and the commit would be
+                # journaled before the rename with the name the rename gave. It lands
+                # first, so that its names are those of its place in the journal. (No
+                # await from here to the syscall for a directory.)
                 if linked := [c for c in self.ws.unsettled() if c.linked and not c.superseded]:
                     await self.ws.settle_commit(linked[0])
                     continue
