@@ -157,7 +157,11 @@ class Mount:
 
     def fsck(self) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*RWFS, "fsck", str(self.workspace)], capture_output=True, text=True, timeout=120
+            [*RWFS, "fsck", str(self.workspace)],
+            capture_output=True,
+            text=True,
+            errors="replace",  # (a drift it names may be a path of any bytes)
+            timeout=120,
         )
 
     def log_text(self) -> str:
