@@ -656,15 +656,18 @@ def cmd_gc(a: argparse.Namespace) -> int:
         bar = Progress()
         store = Store(os.path.join(state, "journal"))
         state_fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
         try:
             done = collect(
                 store,
                 ObjectStore(state_fd),
                 policy_of(state_fd),
                 progress=bar,
+                root_fd=root_fd,  # measured for retain_ratio
             )
         finally:
             bar.done()
+            os.close(root_fd)
             os.close(state_fd)
             store.close()
     print(f"gc: removed {done['removed']} objects, freed {done['freed_bytes']} bytes")

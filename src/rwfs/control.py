@@ -277,6 +277,7 @@ class Control:
         self.verbs["gc"] = self._gc
         self.verbs["allow"] = self._allow  # a deliberate change, let through once
         self.add(self.root, b"allowed", lambda: _json(self._allowed())).perm = self.private
+        self.retention = gc.Retention(self)  # collections, by the policy and the verb
         for layer in (scratch, chunks, handoff):  # the paper's other layers (SPEC §8)
             layer.install(self)
         # The handoff note's last_good_state names files and their digests.
@@ -785,43 +786,17 @@ class Control:
 
     async def _gc(self, args: list[str], who: dict[str, Any]) -> None:
         no_args(args, "gc", ".rw/ctl")
-        await self._collect(False)
+        await self.retention.collect(None)
 
-    async def _collect(self, removed_only: bool) -> dict[str, Any]:
-        async with self.ws.exclusive():
-            spare: frozenset[str] = frozenset()
-            if removed_only:
-                # The disk is full: the queued commits may need the room this frees to be
-                # journaled, so they are not flushed first; what they name is kept.
-                spare = frozenset(self.ws.unrecorded_digests())
-            else:
-                await self.ws.flush_locked()  # every reference to an object is journaled
-                if not self.ws.journal_ok:
-                    # Not journaled yet: a queued commit's kept bytes would look unreferenced.
-                    raise self.ws.journal_queued(b"")
-            got: dict[str, Any] = await trio.to_thread.run_sync(
-                functools.partial(
-                    gc.collect,
-                    self.ws.store,
-                    self.ws.objects,
-                    self.ws.policy,
-                    removed_only=removed_only,
-                    spare=spare,
-                )
-            )
-        for name in list(self.history_dir.children):  # listed again from what is left
-            self.remove(self.history_dir, name)
-        return got
-
-    async def reclaim(self) -> bool:
-        """The disk is full: give up the kept bytes of removed files (their history; a
-        ``gc`` event with ``reason: disk_full`` says so). True if any went."""
+    async def reclaim(self, removals: bool = True) -> bool:
+        """The disk is full: give up the kept bytes of removed files (``removals``: some
+        were removed since the last time), or else the oldest versions (a ``gc`` event with
+        ``reason: disk_full`` says so). True if any went."""
         try:
-            got = await self._collect(True)
+            return await self.retention.reclaim(removals)
         except (OSError, JournalUnavailable) as exc:
             log.warning("no room made on a full disk: %s", exc)
             return False
-        return bool(got["removed"])
 
     # ---- allowances (allowances.py) ----
 
@@ -996,6 +971,7 @@ class Control:
             ) from None
         write_state_file(self.ws.state_fd, b"policy.toml", data)
         self.ws.policy = policy
+        self.retention.wake()  # a tighter retention takes effect now
 
 
 def _shown(arg: str) -> str:

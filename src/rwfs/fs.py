@@ -1127,15 +1127,13 @@ class Operations(pyfuse3.Operations):
         return freed
 
     async def _reclaim(self) -> bool:
-        """Collect the kept bytes of the files removed since the last time, with the
-        reserve's room for the journal to record that first; the reserve is made again
-        after. True if any went."""
-        if not self.files.removals:
-            return False
-        self.files.removals = 0
+        """Collect the kept bytes of the files removed since the last time, or else the
+        oldest history versions (docs/history.md), with the reserve's room for the journal
+        to record that first; the reserve is made again after. True if any went."""
+        removals, self.files.removals = self.files.removals, 0
         self.ws.reserve.release()
         try:
-            return await self.control.reclaim()
+            return await self.control.reclaim(bool(removals))
         finally:
             await trio.to_thread.run_sync(self.ws.reserve.make)
 

@@ -1,32 +1,184 @@
-"""Garbage collection of the object store (SPEC §8): ``rwfs gc`` and ``.rw/ctl gc``.
+"""Garbage collection of the object store (SPEC §8): retention that runs by itself,
+``rwfs gc`` and ``.rw/ctl gc``.
 
-An object is kept when something still needs it: a pending receipt, an open conflict, an
-unfinished batch, the scratchpad, a chunk session, a handoff note, a refused draft, a
-snapshot (every path's bytes at the snapshot's LSN), the newest
-version of each path, or, within the retention policy, a history version replaced less
-than ``retain_days`` ago. Whoever keeps an object and journals what refers to it does
-both under ``Workspace.commit_lock`` (``Workspace.exclusive``), which the daemon's gc
-holds, after a flush. ``retain_bytes`` (when not 0) then caps what is kept by retention
-alone, dropping the oldest first. Everything else goes. Blocking: the daemon runs it in a
-worker thread, the CLI directly when unmounted.
+An object is kept when something still needs it (``needed``): a pending receipt, an open
+conflict, an unfinished batch, the scratchpad, a chunk session, a handoff note, a refused
+draft, a snapshot (every path's bytes at the snapshot's LSN), the newest version of each
+path. Those never go. The other history versions (``recent``) are kept by the retention
+policy: one replaced less than ``retain_days`` ago stays while the store (what is always
+kept included) fits its budget (``budget``: ``retain_ratio`` times the tree, at least
+``retain_min_bytes``, at most ``retain_bytes``); over it, the oldest go first. When the
+disk is short of room, the bytes of removed files go first, then the oldest versions, until
+enough is free (``plan``'s ``goal``).
+
+Objects are counted by the bytes they alone hold on disk (``own_bytes``): where the
+filesystem shares extents (XFS, Btrfs: a stage is a reflink of the file), a version of a
+large file costs the blocks a change gave it, not its size.
+
+Whoever keeps an object and journals what refers to it does both under
+``Workspace.commit_lock`` (``Workspace.exclusive``). The daemon's collection
+(``Retention``) lists the store and measures the tree outside that lock, in a worker
+thread; then, under it, after a flush, decides, journals a ``gc`` event and moves what goes
+to ``objects/trash/``; the unlinks, which free the space, come after the lock is released.
+So writers wait for it no longer than for a commit of the group committer. On a full disk
+(``Retention.reclaim``: a writer's ENOSPC) all of it is done under the lock, without a
+flush (the queued commits may need the room), unlinks included: the writer waits for the
+room anyway. The CLI runs ``collect`` directly on an unmounted workspace.
 """
 
 from __future__ import annotations
 
 import calendar
+import fcntl
+import logging
+import math
 import os
+import stat
+import struct
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .history import History
 from .objects import ObjectStore
 from .policy import Policy
-from .store import Store
+from .store import JournalUnavailable, Store
+
+if TYPE_CHECKING:
+    from .control import Control
+
+log = logging.getLogger("rwfs.gc")
+
+TRASH = b"trash"  # objects/trash/: collected objects whose removal is journaled, to unlink
+POLL_SECONDS = 1.0  # how often the daemon looks whether retention is due (cheap: counters)
 
 
 def _epoch(ts: str) -> float:
     return calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S"))
+
+
+# ---- what an object costs ----
+
+FS_IOC_FIEMAP = 0xC020660B
+_FIEMAP_EXTENT_LAST = 0x1
+_FIEMAP_EXTENT_SHARED = 0x2000
+_EXTENTS = 128
+_HEAD = struct.Struct("=QQIIII")  # struct fiemap
+_EXTENT = struct.Struct("=QQQ16xI12x")  # struct fiemap_extent (56 bytes)
+
+
+def shared_bytes(fd: int) -> int:
+    """Bytes of the file's extents that it shares with other files (FIEMAP's
+    FIEMAP_EXTENT_SHARED: a reflink's); 0 where the filesystem cannot tell."""
+    shared, start = 0, 0
+    while True:
+        buf = bytearray(_HEAD.size + _EXTENT.size * _EXTENTS)
+        _HEAD.pack_into(buf, 0, start, (1 << 64) - 1 - start, 0, 0, _EXTENTS, 0)
+        try:
+            fcntl.ioctl(fd, FS_IOC_FIEMAP, buf)
+        except OSError:
+            return shared
+        mapped = _HEAD.unpack_from(buf, 0)[3]
+        if not mapped:
+            return shared
+        for k in range(mapped):
+            logical, _, length, flags = _EXTENT.unpack_from(buf, _HEAD.size + _EXTENT.size * k)
+            if flags & _FIEMAP_EXTENT_SHARED:
+                shared += length
+            if flags & _FIEMAP_EXTENT_LAST:
+                return shared
+            start = logical + length
+
+
+# Files smaller than this are counted by their allocated blocks without asking FIEMAP.
+_SHARING_WORTH_ASKING = 64 << 10
+
+
+def own_bytes(dir_fd: int, name: bytes) -> int:
+    """What removing the file ``name`` would free: its allocated bytes (holes cost
+    nothing), less the extents it shares with other files (a reflinked version shares
+    all but what changed with the file it was made from)."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    allocated = st.st_blocks * 512
+    if allocated < _SHARING_WORTH_ASKING:
+        return allocated
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return allocated
+    try:
+        return max(0, allocated - shared_bytes(fd))
+    finally:
+        os.close(fd)
+
+
+def survey(objects: ObjectStore, progress: Callable[[str], None] | None = None) -> dict[str, int]:
+    """Every object of the store -> its own bytes. Blocking; needs no lock: only gc removes
+    objects, and one added meanwhile is simply not a candidate."""
+    say = progress or (lambda msg: None)
+    found: dict[str, int] = {}
+    for sub in sorted(os.listdir(objects.fd)):
+        if sub in ("incoming", TRASH.decode()):
+            continue
+        fd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY, dir_fd=objects.fd)
+        try:
+            for name in os.listdir(fd):
+                try:
+                    found[f"sha256:{sub}{name}"] = own_bytes(fd, os.fsencode(name))
+                except FileNotFoundError:
+                    continue
+                if len(found) % 1000 == 0:
+                    say(f"gc: {len(found)} objects looked at")
+        finally:
+            os.close(fd)
+    return found
+
+
+def tree_bytes(root_fd: int) -> int:
+    """The bytes the workspace's files (``.rw`` aside) take on disk: allocated blocks of
+    every regular file, a hard-linked file once. Blocking."""
+    total = 0
+    seen: set[tuple[int, int]] = set()
+    for top, dirs, files, dfd in os.fwalk(".", dir_fd=root_fd):
+        if top == ".":
+            dirs[:] = [d for d in dirs if d != ".rw"]
+        for name in files:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if st.st_nlink > 1:
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    return total
+
+
+def budget(policy: Policy, tree: int | None) -> int | None:
+    """What the object store may hold (None: no cap): ``retain_ratio`` times the tree, but
+    not under ``retain_min_bytes``; and not above ``retain_bytes``. A 0 turns its cap off.
+    ``tree`` None (not measured): the ratio does not apply."""
+    caps = []
+    if policy.retain_ratio and tree is not None:
+        caps.append(max(int(policy.retain_ratio * tree), policy.retain_min_bytes))
+    if policy.retain_bytes:
+        caps.append(policy.retain_bytes)
+    return min(caps) if caps else None
+
+
+def short_of_room(state_fd: int, policy: Policy) -> int:
+    """How many bytes the state directory's filesystem lacks to have ``min_free_ratio``
+    of it free (0: none)."""
+    st = os.fstatvfs(state_fd)
+    want = policy.min_free_ratio * st.f_blocks * st.f_frsize
+    return max(0, math.ceil(want - st.f_bavail * st.f_frsize))
+
+
+# ---- what to keep ----
 
 
 def needed(store: Store, history: History) -> set[str]:
@@ -35,12 +187,12 @@ def needed(store: Store, history: History) -> set[str]:
     for r in store.unsettled():
         keep |= {r.get("expected"), r.get("intended")}
     for c in store.conflicts():
-        if c["state"] == "open":
-            keep |= {c.get("expected"), c.get("intended")}
+        if c["state"] == "open":  # (conflicts/ID/actual is read from its object)
+            keep |= {c.get("expected"), c.get("intended"), c.get("actual")}
     for b in store.batches():
         if b["state"] not in ("committed", "aborted", "conflicted"):
             for e in b["entries"].values():
-                keep |= {e.get("expected"), e.get("intended")}
+                keep |= {e.get("expected"), e.get("intended"), e.get("actual")}
     for r in store.records(b"scratch"):
         keep.add(r["digest"])
     for session in store.records(b"chunks"):
@@ -55,18 +207,19 @@ def needed(store: Store, history: History) -> set[str]:
     for snap in store.snapshots():
         for path in history.paths:
             keep.add(history.state_at(path, int(snap["lsn"]))[1])
-    return {d for d in keep if d}
+    return {d for d in keep if d and isinstance(d, str)}
 
 
-def recent(store: Store, history: History, cutoff: float) -> dict[str, float]:
-    """Digests the retention policy keeps -> when they stopped being current (or were
-    refused); the newest first to be kept under ``retain_bytes``."""
-    out: dict[str, float] = {}
+def recent(store: Store, history: History, cutoff: float) -> dict[str, tuple[float, int]]:
+    """Digests the retention policy keeps -> when they stopped being current (the time,
+    to the second, and the LSN of that event); the newest first to be kept under the
+    budget."""
+    out: dict[str, tuple[float, int]] = {}
     for versions in history.paths.values():
         for old, new in zip(versions, versions[1:], strict=False):
-            when = _epoch(new.ts)
-            if old.digest and when >= cutoff:
-                out[old.digest] = max(out.get(old.digest, 0.0), when)
+            when = (_epoch(new.ts), new.lsn)
+            if old.digest and when[0] >= cutoff:
+                out[old.digest] = max(out.get(old.digest, when), when)
     return out
 
 
@@ -80,6 +233,139 @@ def removed_bytes(history: History) -> set[str]:
     return out
 
 
+@dataclass
+class Plan:
+    drop: list[str]  # the objects that go
+    freed: int  # their own bytes
+    kept: int  # the own bytes of what stays
+    budget: int | None
+    oldest: float  # when the oldest version kept by retention alone stopped being current
+    spare: int  # the own bytes of versions that could still go (kept by retention alone)
+
+
+def plan(
+    store: Store,
+    history: History,
+    policy: Policy,
+    found: dict[str, int],
+    now: float,
+    tree: int | None = None,
+    spare: frozenset[str] = frozenset(),
+    goal: int = 0,
+    removed_only: bool = False,
+) -> Plan:
+    """Which objects go. Always those nothing needs and the policy keeps no more (older
+    than ``retain_days``); then, oldest first, what takes the store over its budget. With
+    ``goal`` (the disk is short of that many bytes): also the bytes of removed files, then
+    the oldest versions, until ``goal`` bytes are freed. ``removed_only``: only the bytes of
+    removed files go (nothing else). ``spare``: digests to keep besides (what the daemon
+    has not journaled yet)."""
+    keep = needed(store, history) | spare
+    soft = recent(store, history, now - policy.retain_days * 86400)
+    cap = budget(policy, tree)
+    if removed_only:
+        gone = removed_bytes(history)
+        drop = [d for d in found if d not in keep and d in gone]
+    else:
+        drop = [d for d in found if d not in keep and d not in soft]
+    dropped = set(drop)
+    freed = sum(found[d] for d in drop)
+    kept = sum(found.values()) - freed
+    left = sorted((d for d in found if d in soft and d not in keep), key=soft.__getitem__)
+    if goal and not removed_only:
+        gone = removed_bytes(history)
+        left = [d for d in left if d in gone] + [d for d in left if d not in gone]
+    if not removed_only:
+        for d in left:
+            if (cap is None or kept <= cap) and freed >= goal:
+                break
+            drop.append(d)
+            dropped.add(d)
+            freed += found[d]
+            kept -= found[d]
+    rest = [d for d in left if d not in dropped]
+    return Plan(
+        drop=drop,
+        freed=freed,
+        kept=kept,
+        budget=cap,
+        oldest=min((soft[d][0] for d in rest), default=math.inf),
+        spare=sum(found[d] for d in rest),
+    )
+
+
+def record(store: Store, p: Plan, found: dict[str, int], reason: str | None) -> None:
+    """Journal the collection: the objects' records go, and a ``gc`` event says how many
+    and why (``reason``: absent for the verb)."""
+
+    def write(txn: Any) -> None:
+        for digest in p.drop:
+            txn.delete_object(digest)
+        txn.append_event(
+            {
+                "op": "gc",
+                "path": "",
+                "removed": len(p.drop),
+                "freed_bytes": p.freed,
+                "kept": len(found) - len(p.drop),
+                "kept_bytes": p.kept,
+                **({"budget": p.budget} if p.budget is not None else {}),
+                **({"reason": reason} if reason else {}),
+            }
+        )
+
+    store.write(write)
+
+
+def _unlink(objects: ObjectStore, drop: list[str], say: Callable[[str], None]) -> None:
+    for n, digest in enumerate(drop, 1):
+        try:
+            os.unlink(objects.name(digest), dir_fd=objects.fd)
+        except FileNotFoundError:
+            pass
+        if n % 1000 == 0:
+            say(f"gc: {n}/{len(drop)} objects removed")
+
+
+def _trash_fd(objects: ObjectStore) -> int:
+    try:
+        os.mkdir(TRASH, 0o700, dir_fd=objects.fd)
+    except FileExistsError:
+        pass
+    return os.open(TRASH, os.O_RDONLY | os.O_DIRECTORY, dir_fd=objects.fd)
+
+
+def take_out(objects: ObjectStore, drop: list[str]) -> None:
+    """Move the collected objects to ``objects/trash/`` (a rename each: cheap), so that
+    one kept again from now on is a new file, not one about to be unlinked."""
+    trash = _trash_fd(objects)
+    try:
+        for digest in drop:
+            name = objects.name(digest)
+            try:
+                os.rename(name, name.replace(b"/", b""), src_dir_fd=objects.fd, dst_dir_fd=trash)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(trash)
+
+
+def empty_trash(objects: ObjectStore) -> None:
+    """Unlink what ``take_out`` moved (and what a crash left there). Blocking."""
+    try:
+        trash = os.open(TRASH, os.O_RDONLY | os.O_DIRECTORY, dir_fd=objects.fd)
+    except FileNotFoundError:
+        return
+    try:
+        for name in os.listdir(trash):
+            try:
+                os.unlink(name, dir_fd=trash)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(trash)
+
+
 def collect(
     store: Store,
     objects: ObjectStore,
@@ -88,73 +374,211 @@ def collect(
     now: float | None = None,
     removed_only: bool = False,
     spare: frozenset[str] = frozenset(),
+    root_fd: int | None = None,
 ) -> dict[str, Any]:
-    """Remove what nothing needs. ``removed_only``: the disk is full, and only the bytes
-    of removed files go, whatever the retention policy keeps (their history is given up,
-    so that deleting files frees space); the ``gc`` event says ``reason: disk_full``.
-    ``spare``: digests to keep besides (what the daemon has not journaled yet)."""
+    """One collection, start to end, for a workspace nothing else is changing (the CLI on
+    an unmounted workspace; tests). ``root_fd``: the tree, measured for ``retain_ratio``
+    (None: that cap does not apply). The journal gets the ``gc`` event first: if it cannot
+    take it, nothing goes."""
     say = progress or (lambda msg: None)
-    started = now or time.time()
+    empty_trash(objects)
+    found = survey(objects, say)
+    tree = tree_bytes(root_fd) if root_fd is not None else None
     history = History(store)
-    keep = needed(store, history) | spare
-    cutoff = started - policy.retain_days * 86400
-    soft = recent(store, history, cutoff)
-    found: dict[str, int] = {}
-    for sub in sorted(os.listdir(objects.fd)):
-        if sub == "incoming":
-            continue
-        fd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY, dir_fd=objects.fd)
+    p = plan(
+        store, history, policy, found, now or time.time(), tree, spare, removed_only=removed_only
+    )
+    record(store, p, found, "disk_full" if removed_only else None)
+    _unlink(objects, p.drop, say)
+    return {"objects": len(found), "removed": len(p.drop), "freed_bytes": p.freed}
+
+
+# ---- the daemon's retention ----
+
+
+class Retention:
+    """Runs collections in the mounted daemon: by itself (``run``: the budget, the age,
+    low free space), for the ``gc`` verb, and for a writer that met ENOSPC (``reclaim``).
+    One at a time. Between them it keeps what the last one found, and the bytes the store
+    took since (``ObjectStore.added``), to tell cheaply whether the next one is due."""
+
+    def __init__(self, control: Control) -> None:
+        import trio
+
+        self.c = control
+        self.ws = control.ws
+        self.history = History(self.ws.store)  # its own: the views' index stays free
+        self.lock = trio.Lock()
+        self.kept: int | None = None  # own bytes the store kept after the last collection
+        self.added_at = 0  # ObjectStore.added then
+        self.tree: int | None = None
+        self.oldest = math.inf
+        self.spare = 0
+        self.last = 0.0
+        self._wake = trio.Event()
+
+    def wake(self) -> None:
+        """Look now whether a collection is due (the policy changed)."""
+        self._wake.set()
+
+    def added(self) -> int:
+        return self.ws.objects.added - self.added_at
+
+    def due(self) -> str | None:
+        """Why a collection should run now, or None."""
+        if self.kept is None:
+            return "mount"
+        policy = self.ws.policy
+        added = self.added()
+        cap = budget(policy, self.tree)
+        if cap is not None and added and self.kept + added > cap:
+            # Over the budget: at once, unless what is always kept alone was over it at
+            # the last collection; then again after an eighth of it more.
+            if self.kept <= cap or added >= cap // 8:
+                return "budget"
+        now = time.time()
+        days = policy.retain_days * 86400
+        if now >= self.oldest + days or (added and now >= self.last + days):
+            return "age"
+        if (self.spare or added) and short_of_room(self.ws.state_fd, policy):
+            return "low_space"
+        return None
+
+    def stuck(self) -> bool:
+        """Whether the journal cannot commit and the disk has no room (its pages need
+        some) while versions could still go."""
+        if self.ws.journal_ok or not (self.spare or self.added()):
+            return False
+        st = os.fstatvfs(self.ws.state_fd)
+        return st.f_bavail * st.f_frsize < max(st.f_blocks * st.f_frsize // 64, 1 << 20)
+
+    async def relieve(self) -> None:
+        """The group committer found no room on the disk for the journal: make some as for
+        a writer's ENOSPC (``reclaim``), with the reserve's room for the ``gc`` event."""
+        import trio
+
+        self.ws.reserve.release()
         try:
-            names = os.listdir(fd)
+            await self.c.reclaim(removals=True)
         finally:
-            os.close(fd)
-        for name in names:
-            digest = f"sha256:{sub}{name}"
-            found[digest] = os.stat(objects.name(digest), dir_fd=objects.fd).st_size
-            if len(found) % 1000 == 0:
-                say(f"gc: {len(found)} objects looked at")
-    if removed_only:
-        gone = removed_bytes(history)
-        drop = [d for d in found if d not in keep and d in gone]
-    else:
-        drop = [d for d in found if d not in keep and d not in soft]
-    if policy.retain_bytes and not removed_only:
-        kept = sum(size for d, size in found.items() if d not in drop)
-        for d in sorted((d for d in found if d in soft and d not in keep), key=soft.__getitem__):
-            if kept <= policy.retain_bytes:
-                break
-            drop.append(d)
-            kept -= found[d]
-    freed = 0
+            await trio.to_thread.run_sync(self.ws.reserve.make)
 
-    def unlink() -> None:
-        nonlocal freed
-        for n, digest in enumerate(drop, 1):
-            os.unlink(objects.name(digest), dir_fd=objects.fd)
-            freed += found[digest]
-            if n % 1000 == 0:
-                say(f"gc: {n}/{len(drop)} objects removed")
+    async def run(self) -> None:
+        """The daemon's task: a collection when one is due, looked at every POLL_SECONDS
+        and when the policy changes."""
+        import trio
 
-    if not removed_only:
-        unlink()
+        while True:
+            if self.stuck():
+                await self.relieve()
+            why = self.due()
+            if why is not None:
+                try:
+                    await self.collect(why)
+                except (OSError, JournalUnavailable) as exc:
+                    log.warning("retention (%s) did not run: %s", why, exc)
+                    self.kept, self.added_at = self.kept or 0, self.ws.objects.added
+                    self.last = time.time()
+                except Exception:  # a bug: said in the log, and the mount goes on serving
+                    log.exception("retention (%s) failed", why)
+                    self.kept, self.added_at = self.kept or 0, self.ws.objects.added
+                    self.last = time.time()
+            with trio.move_on_after(POLL_SECONDS):
+                await self._wake.wait()
+            self._wake = trio.Event()
 
-    def record(txn: Any) -> None:
-        for digest in drop:
-            txn.delete_object(digest)
-        txn.append_event(
-            {
-                "op": "gc",
-                "path": "",
-                "removed": len(drop),
-                "freed_bytes": freed or sum(found[d] for d in drop),
-                "kept": len(found) - len(drop),
-                **({"reason": "disk_full"} if removed_only else {}),
-            }
-        )
+    async def collect(self, reason: str | None) -> dict[str, Any]:
+        """A collection for the verb (``reason`` None: EIO if the journal cannot take it)
+        or by the policy (``reason``: why; its ``gc`` event is journaled only if something
+        goes). Blocks no writer for longer than a group commit (see the module)."""
+        import trio
 
-    store.write(record)
-    if removed_only:
-        # Recorded first: if the journal cannot take it, no object goes that it still
-        # lists (a crash in between leaves objects nothing lists, for the next gc).
-        unlink()
-    return {"objects": len(found), "removed": len(drop), "freed_bytes": freed}
+        objects = self.ws.objects
+        async with self.lock:
+            added_at = objects.added
+            await trio.to_thread.run_sync(empty_trash, objects)
+            found = await trio.to_thread.run_sync(survey, objects)
+            tree = await trio.to_thread.run_sync(tree_bytes, self.ws.root_fd)
+            goal = short_of_room(self.ws.state_fd, self.ws.policy) if reason else 0
+            async with self.ws.exclusive():
+                await self.ws.flush_locked()  # every reference to an object is journaled
+                if not self.ws.journal_ok:
+                    # Not journaled yet: a queued commit's kept bytes would look unreferenced.
+                    if reason is None:
+                        raise self.ws.journal_queued(b"")
+                    return {"objects": len(found), "removed": 0, "freed_bytes": 0}
+
+                def decide() -> Plan:
+                    with self.history.lock:
+                        p = plan(
+                            self.ws.store,
+                            self.history,
+                            self.ws.policy,
+                            found,
+                            time.time(),
+                            tree,
+                            goal=goal,
+                        )
+                    if p.drop or reason is None:
+                        record(self.ws.store, p, found, reason)
+                        take_out(objects, p.drop)
+                    return p
+
+                p = await trio.to_thread.run_sync(decide)
+            self._measured(p, tree, added_at)
+            if p.drop:
+                self._forget_views()
+                await trio.to_thread.run_sync(empty_trash, objects)
+        return {"objects": len(found), "removed": len(p.drop), "freed_bytes": p.freed}
+
+    async def reclaim(self, removals: bool) -> bool:
+        """The disk is full (a writer's ENOSPC): make room, under the commit lock, without
+        flushing (the queued commits may need that room; what they name is kept).
+        ``removals``: files were removed since the last time; then, first, only their
+        bytes go (their history is given up, so that deleting files frees space). If that
+        frees nothing, the oldest versions go, until a 64th of the disk (or
+        ``min_free_ratio`` of it, if more) is free. The ``gc`` event, with ``reason:
+        disk_full``, is journaled first: if it cannot be, nothing goes. True if anything
+        went."""
+        import trio
+
+        objects = self.ws.objects
+        async with self.lock:
+            added_at = objects.added
+            found = await trio.to_thread.run_sync(survey, objects)
+            async with self.ws.exclusive():
+                spare = frozenset(self.ws.unrecorded_digests())
+                st = os.fstatvfs(self.ws.state_fd)
+                goal = max(
+                    short_of_room(self.ws.state_fd, self.ws.policy),
+                    st.f_blocks * st.f_frsize // 64 - st.f_bavail * st.f_frsize,
+                    1,
+                )
+
+                def make_room() -> Plan:
+                    with self.history.lock:
+                        now = time.time()
+                        args = (self.ws.store, self.history, self.ws.policy, found, now)
+                        p = plan(*args, self.tree, spare, removed_only=True)
+                        if not (removals and p.drop):
+                            p = plan(*args, self.tree, spare, goal=goal)
+                    if p.drop:
+                        record(self.ws.store, p, found, "disk_full")
+                        _unlink(objects, p.drop, lambda msg: None)
+                    return p
+
+                p = await trio.to_thread.run_sync(make_room)
+            self._measured(p, self.tree, added_at)
+        if p.drop:
+            self._forget_views()
+        return bool(p.drop)
+
+    def _measured(self, p: Plan, tree: int | None, added_at: int) -> None:
+        self.kept, self.tree, self.added_at = p.kept, tree, added_at
+        self.oldest, self.spare, self.last = p.oldest, p.spare, time.time()
+
+    def _forget_views(self) -> None:
+        """``history/`` is listed again from what is left."""
+        c = self.c
+        for name in list(c.history_dir.children):
+            c.remove(c.history_dir, name)

@@ -358,6 +358,7 @@ async def _main(ws: Workspace, ops: Operations) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ws.run_committer)
         nursery.start_soon(ops.run_primer)
+        nursery.start_soon(ops.control.retention.run)  # gc by the policy (docs/history.md)
         nursery.start_soon(_on_signals)
         await nursery.start(ops.serve_requests)
         await pyfuse3.main()

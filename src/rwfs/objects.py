@@ -294,6 +294,10 @@ class ObjectStore:
         _makedirs_at(state_fd, b"objects/incoming")
         self.fd = os.open(b"objects", os.O_RDONLY | os.O_DIRECTORY, dir_fd=state_fd)
         self.incoming_fd = os.open(b"incoming", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.fd)
+        # Bytes (allocated) of the objects placed since the store was opened: gc.Retention
+        # tells from it when the store may be over its budget.
+        self.added = 0
+        self._adding = threading.Lock()
 
     @staticmethod
     def name(digest: str) -> bytes:
@@ -322,6 +326,13 @@ class ObjectStore:
             os.link(src, name, src_dir_fd=src_dir_fd, dst_dir_fd=self.fd, follow_symlinks=False)
         except FileExistsError:
             pass
+        else:
+            try:
+                size = os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_blocks * 512
+            except OSError:
+                size = 0
+            with self._adding:
+                self.added += size
         if move:
             os.unlink(src, dir_fd=src_dir_fd)
 

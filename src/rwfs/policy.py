@@ -75,12 +75,18 @@ resume = "manual"
 # a conflict is opened with the writer's bytes) or "off".
 stale_write = "warn"
 
-# History retention for `rwfs gc` (docs/history.md): versions replaced less than
-# retain_days ago are kept; retain_bytes (0: no cap) caps what the object store keeps
-# beyond that. Snapshots, open conflicts, unfinished batches and pending receipts keep
-# their objects whatever these say.
+# History retention (docs/history.md). rwfs collects old versions by itself, oldest first,
+# in the background: a version replaced more than retain_days ago goes; and the object
+# store (.rw/objects) is kept under a budget: retain_ratio times the tree's bytes, but
+# never under retain_min_bytes, and never above retain_bytes (0: no such cap). When the
+# disk's free space falls under min_free_ratio of it, old versions go until it does not.
+# Snapshots, open conflicts, unfinished batches, refused drafts, pending receipts and every
+# file's current bytes are kept whatever these say, and count toward the budget.
 retain_days = 30
+retain_ratio = 1.0
+retain_min_bytes = 67108864
 retain_bytes = 0
+min_free_ratio = 0.05
 
 # false: .rw/scratch/ is a deposit box (files can be written there, not read back).
 scratch_readable = true
@@ -152,6 +158,9 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "stale_write": str,
     "retain_days": int,
     "retain_bytes": int,
+    "retain_ratio": (int, float),
+    "retain_min_bytes": int,
+    "min_free_ratio": (int, float),
     "scratch_readable": bool,
     "journal_readable_by": str,
     "gates": dict,
@@ -230,6 +239,9 @@ RANGES: dict[str, tuple[bool, int, int | None]] = {
     "retry_budget": (True, 0, None),
     "retain_days": (True, 0, None),
     "retain_bytes": (True, 0, None),
+    "retain_ratio": (False, 0, 1000),
+    "retain_min_bytes": (True, 0, None),
+    "min_free_ratio": (False, 0, 1),
     "gates.truncation.min_lines": (True, 0, None),
     "gates.truncation.min_ratio": (False, 0, 1),
     "gates.elision.min_lines": (True, 0, None),
@@ -286,6 +298,9 @@ class Policy:
     stale_write: str = "warn"
     retain_days: int = 30
     retain_bytes: int = 0
+    retain_ratio: float = 1.0
+    retain_min_bytes: int = 64 << 20
+    min_free_ratio: float = 0.05
     scratch_readable: bool = True
     journal_readable_by: str = "owner"
     gates: dict[str, Any] = field(default_factory=dict)
