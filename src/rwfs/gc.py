@@ -506,6 +506,8 @@ class Retention:
                     # Not journaled yet: a queued commit's kept bytes would look unreferenced.
                     if reason is None:
                         raise self.ws.journal_queued(b"")
+                    # (Looked at again once more is kept, or when the journal has no room.)
+                    self.kept, self.added_at, self.last = sum(found.values()), added_at, time.time()
                     return {"objects": len(found), "removed": 0, "freed_bytes": 0}
 
                 def decide() -> Plan:
