@@ -255,7 +255,8 @@ def plan(
     removed_only: bool = False,
 ) -> Plan:
     """Which objects go. Always those nothing needs and the policy keeps no more (older
-    than ``retain_days``); then, oldest first, what takes the store over its budget. With
+    than ``retain_days``); then, oldest first, if the store is over its budget, until it
+    holds seven eighths of it. With
     ``goal`` (the disk is short of that many bytes): also the bytes of removed files, then
     the oldest versions, until ``goal`` bytes are freed. ``removed_only``: only the bytes of
     removed files go (nothing else). ``spare``: digests to keep besides (what the daemon
@@ -272,12 +273,15 @@ def plan(
     freed = sum(found[d] for d in drop)
     kept = sum(found.values()) - freed
     left = sorted((d for d in found if d in soft and d not in keep), key=soft.__getitem__)
+    # Over the budget, down to seven eighths of it: the next collection then waits for an
+    # eighth of it more, rather than running at every commit under churn.
+    low = None if cap is None else cap - cap // 8 if kept > cap else cap
     if goal and not removed_only:
         gone = removed_bytes(history)
         left = [d for d in left if d in gone] + [d for d in left if d not in gone]
     if not removed_only:
         for d in left:
-            if (cap is None or kept <= cap) and freed >= goal:
+            if (low is None or kept <= low) and freed >= goal:
                 break
             drop.append(d)
             dropped.add(d)
