@@ -194,7 +194,7 @@ def test_policy_numbers_out_of_range_are_refused(text: str, key: str, value: obj
 def test_every_numeric_policy_key_has_a_range() -> None:
     from rwfs.policy import _KEYS, GATE_DEFAULTS, RANGES
 
-    numeric = {k for k, t in _KEYS.items() if t is int}
+    numeric = {k for k, t in _KEYS.items() if t in (int, (int, float))}
     numeric |= {
         f"gates.{g}.{k}"
         for g, d in GATE_DEFAULTS.items()
