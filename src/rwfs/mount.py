@@ -355,13 +355,20 @@ async def _main(ws: Workspace, ops: Operations) -> None:
     import pyfuse3
     import trio
 
+    retention = trio.CancelScope()
+
+    async def retain() -> None:  # gc by the policy (docs/history.md)
+        with retention:
+            await ops.control.retention.run()
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ws.run_committer)
         nursery.start_soon(ops.run_primer)
-        nursery.start_soon(ops.control.retention.run)  # gc by the policy (docs/history.md)
+        nursery.start_soon(retain)
         nursery.start_soon(_on_signals)
         await nursery.start(ops.serve_requests)
         await pyfuse3.main()
+        retention.cancel()  # (a collection under way ends at its next step)
         # Unmounted: finish every queued commit before the process ends.
         await ws.close()
         nursery.cancel_scope.cancel()
