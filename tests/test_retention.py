@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -264,6 +265,56 @@ def test_versions_of_a_large_file_cost_what_changed_where_extents_are_shared(xfs
         # What the disk holds for them agrees: far less than 20 copies of the file.
         grown = (before.f_bfree - after.f_bfree) * before.f_frsize
         assert grown < 8 * MIB, f"twenty versions took {grown / MIB:.1f} MiB"
+    finally:
+        m.stop()
+    check_clean(m)
+
+
+READ_THEN_WRITE = """
+import sys
+path = sys.argv[1]
+with open(path, "rb") as f:
+    seen = f.read()
+print("read", flush=True)
+sys.stdin.readline()  # meanwhile, another process changes the file
+try:
+    with open(path, "wb") as f:
+        f.write(seen + b"mine\\n")
+    print("written")
+except OSError as exc:
+    print("errno", exc.errno)
+"""
+
+
+def test_a_conflicts_actual_bytes_stay_after_the_file_changes_again(workspace: Path) -> None:
+    # conflicts/ID/actual reads the bytes the writer would have erased from their object;
+    # once the file changed again they are an old version, and still needed.
+    prepare_state(workspace, policy(stale_write='"conflict"', retain_days=0))
+    m = Mount(workspace).start()
+    try:
+        f = m.path / "f.txt"
+        f.write_text("base\n")
+        ctl(m, "sync")
+        child = subprocess.Popen(
+            [sys.executable, "-c", READ_THEN_WRITE, str(f)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline() == "read\n"
+        f.write_text("other\n")  # this process: the change the child would erase
+        child.stdin.write("go\n")
+        child.stdin.close()
+        assert child.stdout.read().strip() == f"errno {errno.ESTALE}"
+        child.wait(30)
+        (cid,) = os.listdir(m.path / ".rw" / "conflicts")
+        top = m.path / ".rw" / "conflicts" / cid
+        assert (top / "actual").read_text() == "other\n"
+        f.write_text("third\n")  # "other" is an old version now
+        ctl(m, "gc")
+        assert (top / "actual").read_text() == "other\n"
+        assert (top / "intended").read_text() == "base\nmine\n"
     finally:
         m.stop()
     check_clean(m)
