@@ -542,8 +542,8 @@ class Retention:
         flushing (the queued commits may need that room; what they name is kept).
         ``removals``: files were removed since the last time; then, first, only their
         bytes go (their history is given up, so that deleting files frees space). If that
-        frees nothing, the oldest versions go, until a 64th of the disk (or
-        ``min_free_ratio`` of it, if more) is free. The ``gc`` event, with ``reason:
+        frees nothing, the oldest versions go, until a 64th of the disk (at least 2 MiB;
+        or what ``min_free_ratio`` lacks, if more) is freed. The ``gc`` event, with ``reason:
         disk_full``, is journaled first: if it cannot be, nothing goes. True if anything
         went."""
         import trio
@@ -555,10 +555,12 @@ class Retention:
             async with self.ws.exclusive():
                 spare = frozenset(self.ws.unrecorded_digests())
                 st = os.fstatvfs(self.ws.state_fd)
+                # What the write needs is not known: room for it and for the journal's
+                # pages after it (a 64th of the disk, at least 2 MiB).
                 goal = max(
                     short_of_room(self.ws.state_fd, self.ws.policy),
-                    st.f_blocks * st.f_frsize // 64 - st.f_bavail * st.f_frsize,
-                    1,
+                    st.f_blocks * st.f_frsize // 64,
+                    2 << 20,
                 )
 
                 def make_room() -> Plan:
