@@ -169,6 +169,34 @@ class Mount:
 
 
 @pytest.fixture
+def xfs(tmp_path: Path) -> Iterator[Path]:
+    """A small XFS filesystem in a loop image: it shares extents (a stage is a reflink)."""
+    image, point = tmp_path / "xfs.img", tmp_path / "xfs"
+    with open(image, "wb") as f:
+        f.truncate(512 << 20)  # sparse: the host stores only what XFS writes
+    subprocess.run(["mkfs.xfs", "-q", str(image)], check=True, timeout=60)
+    point.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(point)], check=True, timeout=60)
+    try:
+        yield point
+    finally:
+        if subprocess.run(["umount", str(point)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs: a disk that fills."""
+    root = tmp_path / "small"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(root)], check=True)
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+@pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
     ws.mkdir()

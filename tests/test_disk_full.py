@@ -4,23 +4,10 @@ lost, and the mount keeps serving (SPEC §9). The workspace lives on a small tmp
 from __future__ import annotations
 
 import errno
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import Mount, check_clean
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "small"
-    root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(root)], check=True)
-    try:
-        yield root
-    finally:
-        subprocess.run(["umount", "-l", str(root)], check=False)
 
 
 def test_full_disk_refuses_the_write_and_keeps_the_file(small_fs: Path) -> None:

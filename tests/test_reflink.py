@@ -9,29 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from conftest import Mount, check_clean
 
 MIB = 1 << 20
-
-
-@pytest.fixture
-def xfs(tmp_path: Path) -> Iterator[Path]:
-    image, point = tmp_path / "xfs.img", tmp_path / "xfs"
-    with open(image, "wb") as f:
-        f.truncate(512 * MIB)  # sparse: the host stores only what XFS writes
-    subprocess.run(["mkfs.xfs", "-q", str(image)], check=True, timeout=60)
-    point.mkdir()
-    subprocess.run(["mount", "-o", "loop", str(image), str(point)], check=True, timeout=60)
-    try:
-        yield point
-    finally:
-        if subprocess.run(["umount", str(point)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(point)], capture_output=True)
 
 
 def used(path: Path) -> int:

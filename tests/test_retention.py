@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,17 +126,6 @@ def test_old_versions_go_by_age_once_the_policy_says_so(mount: Mount) -> None:
     assert gc["removed"] >= 5 and gc["freed_bytes"] > 0, gc  # (and the empty start)
 
 
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "small"
-    root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(root)], check=True)
-    try:
-        yield root
-    finally:
-        subprocess.run(["umount", "-l", str(root)], check=False)
-
-
 @pytest.mark.parametrize("min_free", ["0", None])
 def test_a_write_that_would_fill_the_disk_goes_through_as_old_versions_go(
     small_fs: Path, min_free: str | None
@@ -219,22 +208,6 @@ def test_collections_keep_batches_drafts_snapshots_and_scratch(workspace: Path) 
     finally:
         m.stop()
     check_clean(m)
-
-
-@pytest.fixture
-def xfs(tmp_path: Path) -> Iterator[Path]:
-    """A small XFS filesystem (it shares extents: a stage is a reflink) in a loop image."""
-    image, point = tmp_path / "xfs.img", tmp_path / "xfs"
-    with open(image, "wb") as f:
-        f.truncate(512 * MIB)  # sparse: the host stores only what XFS writes
-    subprocess.run(["mkfs.xfs", "-q", str(image)], check=True, timeout=60)
-    point.mkdir()
-    subprocess.run(["mount", "-o", "loop", str(image), str(point)], check=True, timeout=60)
-    try:
-        yield point
-    finally:
-        if subprocess.run(["umount", str(point)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(point)], capture_output=True)
 
 
 def test_versions_of_a_large_file_cost_what_changed_where_extents_are_shared(xfs: Path) -> None:
