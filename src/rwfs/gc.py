@@ -29,6 +29,7 @@ room anyway. The CLI runs ``collect`` directly on an unmounted workspace.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import fcntl
 import logging
 import math
@@ -40,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import beneath
 from .history import History
 from .objects import ObjectStore
 from .policy import Policy
@@ -137,24 +139,40 @@ def survey(objects: ObjectStore, progress: Callable[[str], None] | None = None) 
 
 def tree_bytes(root_fd: int) -> int:
     """The bytes the workspace's files (``.rw`` aside) take on disk: allocated blocks of
-    every regular file, a hard-linked file once. Blocking."""
+    every regular file, a hard-linked file once. Blocking. The walk is rwfs's, not a
+    reader's: it moves no directory's access time (O_NOATIME where the daemon may)."""
     total = 0
     seen: set[tuple[int, int]] = set()
-    for top, dirs, files, dfd in os.fwalk(".", dir_fd=root_fd):
-        if top == ".":
-            dirs[:] = [d for d in dirs if d != ".rw"]
-        for name in files:
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            except OSError:
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            if st.st_nlink > 1:
-                if (st.st_dev, st.st_ino) in seen:
-                    continue
-                seen.add((st.st_dev, st.st_ino))
-            total += st.st_blocks * 512
+    todo = [b""]  # directories to list, relative to the top (one descriptor at a time)
+    while todo:
+        top = todo.pop()
+        try:
+            dfd = beneath.opendir(root_fd, top or b".")
+        except OSError:  # (gone, moved, or not the daemon's to read)
+            continue
+        try:
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(dfd, fcntl.F_SETFL, fcntl.fcntl(dfd, fcntl.F_GETFL) | os.O_NOATIME)
+            with os.scandir(dfd) as it:
+                names = [os.fsencode(e.name) for e in it]
+            entries = []
+            for name in names:
+                with contextlib.suppress(OSError):  # (gone since the listing)
+                    entries.append((name, os.stat(name, dir_fd=dfd, follow_symlinks=False)))
+        except OSError:
+            continue
+        finally:
+            os.close(dfd)
+        for name, st in entries:
+            if stat.S_ISDIR(st.st_mode):
+                if top or name != b".rw":
+                    todo.append(top + b"/" + name if top else name)
+            elif stat.S_ISREG(st.st_mode):
+                if st.st_nlink > 1:
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
     return total
 
 
