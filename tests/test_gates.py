@@ -543,3 +543,160 @@ def test_a_file_read_is_parsed_ahead_of_its_edit(mount: Mount, real: Path) -> No
     err = write(real, edited.replace("def JSONObject(", "def JSONObject((", 1))
     assert err is not None and err.errno == errno.EBADMSG
     assert real.read_text() == edited
+
+
+# ---- elision judged by structure (in-process: gates.check on bytes, default policy) ----
+
+
+def gated(name: str, old: str, new: str) -> list[str]:
+    """The gates that refuse ``new`` over ``old`` at ``name`` (the default policy)."""
+    from rwfs import gates
+    from rwfs.policy import Policy
+
+    found = gates.check(name.encode(), old.encode(), new.encode(), Policy().gate)
+    return [f.gate for f in found if f.action == "reject"]
+
+
+def wrap_lines() -> list[str]:
+    return WRAP.split("\n")
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        "# as in the current version",
+        "# keep as is",
+        "# come nella versione attuale",
+        "# 其余代码保持不变",
+        '"""wie bisher"""',
+        "# ... igual que antes ...",
+    ],
+)
+def test_a_middle_block_replaced_by_a_comment_in_any_words_is_refused(words: str) -> None:
+    lines = wrap_lines()
+    start = lines.index("def dedent(text):")
+    end = lines.index("def indent(text, prefix, predicate=None):")
+    first = next(i for i, x in enumerate(lines) if x.startswith("def wrap("))
+    new = lines[:first] + [words] + lines[start:]  # wrap(), fill(), shorten() left out
+    assert gated("wrap.py", WRAP, "\n".join(new)) == ["elision"]
+    # A JS function's body left out, in other words.
+    body = "".join(f"  total += step({i}, values[{i}]);\n" for i in range(14))
+    js = f"function sum(values) {{\n  let total = 0;\n{body}  return total;\n}}\n\n{JS}"
+    kept = js.split("\n")
+    stubbed = kept[:1] + ["  // " + words.strip('#" .')] + kept[17:]
+    assert gated("sum.js", js, "\n".join(stubbed)) == ["elision"]
+    # One definition deleted with a note where it was is a deletion: it passes.
+    note = lines[:start] + ["# " + words.strip('#" .')] + lines[end - 2 :]
+    assert gated("wrap.py", WRAP, "\n".join(note)) == []
+
+
+def test_data_files_refuse_a_placeholder_entry_where_keys_were() -> None:
+    data = {f"key_{i}": {"value": i, "enabled": i % 2 == 0} for i in range(12)}
+    old = json.dumps(data, indent=2) + "\n"
+    lines = old.split("\n")
+    k = lines.index('  "key_3": {')
+    end = lines.index('  "key_9": {')
+    for entry in ('"...": "..."', '"…": "…"'):
+        new = lines[:k] + ["  " + entry + ","] + lines[end:]
+        assert gated("conf.json", old, "\n".join(new)) == ["elision"], entry
+    yml = "".join(f"key_{i}:\n  value: {i}\n  on: true\n" for i in range(12))
+    ys = yml.split("\n")
+    for entry in ("...: ...", "key_3: ...", "# as in the current version"):
+        assert gated("c.yaml", yml, "\n".join(ys[:9] + [entry] + ys[27:])) == ["elision"]
+    # Keys removed, nothing in their place; the last ones removed, brackets closed.
+    assert gated("conf.json", old, "\n".join(lines[:k] + lines[end:])) == []
+    last = lines[: lines.index('  "key_9": {')]
+    last[-1] = last[-1].rstrip(",")
+    assert gated("conf.json", old, "\n".join([*last, "}", ""])) == []
+
+
+def test_what_the_old_file_had_is_no_evidence() -> None:
+    # A "..." the old file had, and a comment that stays over the block deleted under it.
+    stubs = "".join(f"def stub_{i}(x: int) -> int:\n    ...\n\n\n" for i in range(6))
+    body = "".join(f"    y = y + x * {i}\n" for i in range(30))
+    old = f"{stubs}# Helpers\n\ndef helper(x):\n    y = 0\n{body}    return y\n\n\n{stubs}"
+    new = f"{stubs}# Helpers\n\n{stubs}"
+    assert gated("m.py", old, new) == []
+    new = old.replace(f"def helper(x):\n    y = 0\n{body}    return y\n", "", 1)
+    assert gated("m.pyi", old, new) == []
+
+
+def test_prose_docstrings_overloads_doctests_and_strings_are_not_placeholders() -> None:
+    lines = wrap_lines()
+    start = lines.index("def dedent(text):")
+    end = lines.index("def indent(text, prefix, predicate=None):")
+    fewer = lines[:start] + lines[end - 2 :]  # dedent() deleted
+    doc = next(
+        i
+        for i, x in enumerate(fewer)
+        if i > 40
+        and x.strip().startswith('"""')
+        and len(x.strip()) > 3
+        and '"""' not in x.strip()[3:]
+    )
+    for line in ("    Unchanged:", "    Everything else is unchanged."):
+        assert gated("wrap.py", WRAP, "\n".join(fewer[: doc + 1] + [line] + fewer[doc + 1 :])) == []
+    overloads = [
+        "@overload",
+        "def convert(value: int) -> int:",
+        "    ...",
+        "",
+        "",
+        "@overload",
+        "def convert(value: str) -> str:",
+        "    ...",
+        "",
+        "",
+    ]
+    assert gated("wrap.py", WRAP, "\n".join(lines[:start] + overloads + lines[end - 2 :])) == []
+    strings = ["STATES = (", '    "unchanged",', '    "omitted",', ")", "", ""]
+    assert gated("wrap.py", WRAP, "\n".join(lines[:start] + strings + lines[end - 2 :])) == []
+    # Prose: a section deleted, a sentence and a bullet that use the words, a doctest.
+    md = "".join(f"## Part {i}\n\nSome words about part {i}, and more.\n\n" for i in range(20))
+    ps = md.split("\n")
+    for line in ("* Everything else is unchanged.", "The rest of the file stays the same."):
+        assert gated("notes.md", md, "\n".join(ps[:8] + [line] + ps[40:])) == []
+    doctest = [">>> add(1,", "...     2)", "3", ">>> for x in range(2):", "...     print(x)", "..."]
+    assert gated("usage.txt", md, "\n".join(ps[:8] + doctest + ps[40:])) == []
+    # ... while a comment standing for the section is an elision.
+    assert gated("notes.md", md, "\n".join(ps[:8] + ["<!-- wie bisher -->"] + ps[40:])) == [
+        "elision"
+    ]
+
+
+def test_pruning_most_tests_keeps_the_file_whole() -> None:
+    fixtures = "import pytest\n\n\n@pytest.fixture\ndef data():\n    return [1, 2, 3]\n\n\n"
+    tests = "".join(
+        f"def test_case_{i}(data):\n    x = sum(data) + {i}\n    assert x > 0\n    assert x < 100\n\n\n"
+        for i in range(30)
+    )
+    klass = "class TestGroup:\n" + "".join(
+        f"    def test_m_{i}(self):\n        assert {i} + 1 > {i}\n\n" for i in range(20)
+    )
+    old = fixtures + tests + klass
+    keep = (
+        fixtures
+        + tests.split("\n\n\ndef test_case_3(")[0]
+        + "\n\n\n"
+        + ("class TestGroup:\n    def test_m_0(self):\n        assert 0 + 1 > 0\n")
+    )
+    assert gated("test_m.py", old, keep) == []
+    # The last tests deleted: no cut either.
+    assert gated("test_m.py", old, fixtures + tests) == []
+    # A fragment kept (the fixture gone too) is still refused.
+    fragment = "import pytest\n\n\n" + tests.split("\n\n\ndef test_case_3(")[0] + "\n"
+    assert gated("test_m.py", old, fragment) != []
+
+
+def test_a_stand_in_refusal_names_the_allowance(mount: Mount) -> None:
+    f = mount.path / "wrap.py"
+    f.write_text(WRAP)
+    lines = wrap_lines()
+    first = next(i for i, x in enumerate(lines) if x.startswith("def wrap("))
+    start = lines.index("def dedent(text):")
+    new = "\n".join(lines[:first] + ["# come nella versione attuale"] + lines[start:])
+    assert refused_by(mount, f, new, WRAP) == {"elision"}
+    env = envelope(mount)
+    assert env["details"]["signal"] == "stand-in"
+    assert env["allow"]["command"] == f"rwfs allow {mount.path}/wrap.py"
+    assert env["allow"]["command"] in env["message"]

@@ -10,13 +10,15 @@ A new file (no previous bytes) is never refused: there is nothing it could have 
 
 from __future__ import annotations
 
+import ast
 import re
 import textwrap
+import warnings
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ahocorasick_rs import BytesAhoCorasick
 
@@ -87,10 +89,44 @@ def _one_definition(path: bytes, lines: list[bytes], new: bytes) -> bool:
     """Whether ``lines`` (of the old file, dedented) are one whole definition of the path's
     format (a function, a class, a method) and ``new`` parses: a deliberate deletion."""
     text = textwrap.dedent(b"\n".join(lines).decode("utf-8", "surrogateescape"))
-    gone = parsers.statements(path, text.encode("utf-8", "surrogateescape"))
+    raw = text.encode("utf-8", "surrogateescape")
+    gone = parsers.statements(path, raw)
+    if gone is None and parsers.language(path) in _CLASSY:
+        gone = _members(path, raw)  # a method, which stands only in a class
     if not gone or len(gone) != 1 or not _DEFINITION.search(gone[0]):
         return False
     return parsers.statements(path, new) is not None
+
+
+# Formats whose methods (a class's members) do not parse on their own.
+_CLASSY = ("javascript", "typescript", "tsx", "java")
+
+
+def _members(path: bytes, text: bytes) -> list[str] | None:
+    """The kinds of the members ``text`` holds, read as a class's body (tree-sitter)."""
+    lang = parsers.language(path)
+    assert lang is not None
+    root = parsers._ts_parser(lang).parse(b"class _ {\n" + text + b"\n}\n").root_node
+    if root.has_error or len(root.named_children) != 1:
+        return None
+    body = root.named_children[0].child_by_field_name("body")
+    if body is None:
+        return None
+    return [c.type for c in body.named_children if "comment" not in c.type]
+
+
+def _closed(path: bytes, was: bytes, cut: bytes | None, rest: list[bytes], new: bytes) -> bool:
+    """JSON: whether the lines after the kept ones only close what is open (``cut``: the
+    old line ``was`` with its comma dropped, the last kept entry) and the new text
+    parses: the file's last entries deleted. A cut-off JSON text parses only if its
+    closing brackets were written for it."""
+    if parsers.language(path) != "json" or not rest:
+        return False
+    if cut is not None and was.rstrip(b",") != cut:
+        return False
+    if not all(t.strip() in (b"}", b"]", b"},", b"],", b"") for t in rest):
+        return False
+    return not parsers.parse_errors(path, new)[1]
 
 
 def truncation(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> Finding | None:
@@ -119,6 +155,10 @@ def truncation(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -
         return None
     if not tail and not partial and _one_definition(path, old.split(b"\n")[kept:], new):
         return None  # the last definition deleted, and the file is whole without it
+    if not tail and not partial and _pruned(path, old, new):
+        return None  # the last tests of a family deleted, the rest of the file kept
+    if _closed(path, before[kept], after[kept] if partial else None, tail, new):
+        return None  # a data file's last entries deleted, and its brackets closed
     return Finding(
         "truncation",
         f"the new text is the old text cut off after line {kept}: its last "
@@ -285,6 +325,11 @@ def _marker(line: bytes) -> int:
     if whole is not None or _BARE.fullmatch(line):
         text = (whole.group(2) if whole is not None else line).strip(_AROUND)
         comment = whole is not None and whole.group(1)[-1:] not in b"\"'"
+        if whole is not None and not comment and whole.group(1)[-3:] not in (b'"""', b"'''"):
+            # A string in quotes alone on its line is a value (an element of a list, an
+            # argument), unless an ellipsis says it stands for something.
+            if line.endswith(b",") or not dots:
+                return _LIKE if dots else _NONE
         if not text:
             return _WEAK if dots and whole is not None else (_LIKE if comment else _NONE)
         if _said(text, dots and whole is not None):  # a bare "...rest" is a JS spread
@@ -364,20 +409,167 @@ def _anchors(before: list[bytes], after: list[bytes]) -> tuple[list[int], list[i
     return [j for j, _ in run], [i for _, i in run]
 
 
-def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> Finding | None:
-    """Code left out: a placeholder stands where lines of the old file were removed.
+# Formats of prose: a line of words there is a sentence (a bullet, a paragraph), never a
+# placeholder; only a comment (``<!-- -->``, reStructuredText's ``..``), a bracketed line
+# (``[...]``) or a line of the placeholder vocabulary that opens like a comment stands for
+# left-out text.
+_PROSE = (b".md", b".markdown", b".rst", b".txt", b".text", b".adoc")
+_DATA = ("json", "yaml", "toml")
+# A data file's entry that is only an ellipsis: as the key (``"...": "..."``, ``"…"``,
+# ``- ...``, ``"..." = "..."``) or as the value (``key: ...``, ``"rest": "…"``).
+_ELLIPSIS_KEY = re.compile(
+    rb"(?:-\s*)?([\"']?)(?:\.\.\.|\xe2\x80\xa6)\1(?:\s*[:=]\s*[^\s].{0,30})?\s*,?"
+)
+_ELLIPSIS_VALUE = re.compile(
+    rb"(?:-\s*)?[\"']?[\w.$@/ -]{1,60}[\"']?\s*[:=]\s*([\"']?)(?:\.\.\.|\xe2\x80\xa6)\1\s*,?"
+)
+# The longest text (characters) of a comment taken for a stand-in: a stand-in is short.
+_STANDIN_TEXT = 100
+# At most this many new comment lines stand where a block was; more is prose written
+# there (an explanation), not a stand-in.
+_STANDIN_NOTES = 3
+_RST_COMMENT = re.compile(rb"\.\.(?:\s+(?!_|\[|\|)(?![\w-]+::).*)?")
 
-    Three signals, each needing ``min_lines`` lines of the old file gone: a placeholder
-    phrase on a new line; an ellipsis (``...``, ``# ...``; not a Python docstring's) that
-    stands where at least _ELLIPSIS_LINES lines were; and a mass deletion, most
-    (``mass_ratio``) of the old file's lines gone with a placeholder-like line (a comment
-    alone, ``pass``, an ellipsis) where they were, or nearly all (``cut_ratio``) gone
-    with nothing new at all. Only the lines an edit changed are looked at, so an edit
-    session's commit costs a scan of a few lines."""
+
+def _prose(path: bytes) -> bool:
+    return path.lower().endswith(_PROSE)
+
+
+def _sentence(line: bytes) -> bool:
+    """Prose: whether a line is text (a paragraph's line, a bullet, a quotation), not a
+    comment or a bracketed line."""
+    if _standin(line, True):
+        return False
+    whole = _WHOLE.match(line) if line[0] in _OPENS else None
+    return whole is None or whole.group(1)[:1] in b"*\"'" or whole.group(1)[-1:] in b"\"'"
+
+
+def _standin(line: bytes, prose: bool) -> bool:
+    """A comment, or a string alone on its line, short: what can stand where a block of
+    the old file was, whatever its words and language. In prose only a comment or a
+    bracketed line: a sentence is text."""
+    if not line or len(line) > 4 * _STANDIN_TEXT:
+        return False
+    if prose:
+        if line.startswith(b"<!--"):
+            text = line[4:].removesuffix(b"-->")
+        elif line.startswith(b"[") and line.endswith(b"]"):
+            text = line[1:-1]
+        elif line.startswith(b"..") and _RST_COMMENT.fullmatch(line):
+            text = line[2:]
+        else:
+            return False
+    else:
+        whole = _WHOLE.match(line) if line[0] in _OPENS else None
+        if whole is None:
+            return False
+        opener, text = whole.group(1), whole.group(2)
+        if opener[-1:] in b"\"'":
+            triple = opener[-3:] in (b'"""', b"'''")
+            if (not triple and line.endswith(b",")) or opener[-1:] in text:
+                return False  # an element of a list, a key and its value: not a statement
+    words = text.decode("utf-8", "replace").strip(" \t.:;,()[]{}*=~_-!#/\u2026")
+    return 0 < len(words) <= _STANDIN_TEXT
+
+
+def _filler(line: bytes, prose: bool) -> bool:
+    """A line that puts nothing new where a block was: a closing token, ``pass``, an
+    ellipsis, a comment."""
+    return (
+        _CLOSER.fullmatch(line) is not None
+        or _PASS.fullmatch(line) is not None
+        or _ELLIPSIS.fullmatch(line) is not None
+        or _standin(line, prose)
+        or (_WHOLE.match(line) is not None and line[0] in _OPENS and not prose)
+    )
+
+
+def _new_stub(after: list[bytes], n: int, old_count: Counter[bytes]) -> bool:
+    """Whether the ellipsis on line n is a doctest's (after ``>>>`` or ``...``) or the
+    body of a definition the old file did not have (an ``@overload``, a protocol's
+    method): then it stands for nothing that was there."""
+    p = n - 1
+    while p >= 0 and not after[p]:
+        p -= 1
+    if p < 0:
+        return False
+    head = after[p]
+    if head.startswith((b">>>", b"...")):
+        return True
+    return head.endswith((b":", b"{")) and head not in old_count
+
+
+_FAMILY = re.compile(r"_*([a-z0-9]+|[A-Z][a-z0-9]*)")
+
+
+def _pruned(path: bytes, old: bytes, new: bytes) -> bool:
+    """Python: whether ``new`` is ``old`` with functions deleted, each of a family (the
+    first word of its name: ``test`` in ``test_parse``, ``testParse``) that keeps members
+    in the same class or module, and every other statement still there (imports,
+    assignments, classes, fixtures): tests pruned, not a fragment of the file kept."""
+    if parsers.language(path) != "python" or len(old) > 1 << 20:
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            was, now = ast.parse(old), ast.parse(new)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    pruned = 0
+
+    def same(a: list[ast.stmt], b: list[ast.stmt]) -> bool:
+        nonlocal pruned
+        funcs = (ast.FunctionDef, ast.AsyncFunctionDef)
+        defs = (*funcs, ast.ClassDef)
+        kept = {s.name: s for s in b if isinstance(s, defs)}
+        others = Counter(ast.dump(s) for s in b if not isinstance(s, defs))
+        families = Counter(_family(s.name) for s in b if isinstance(s, funcs))
+        for s in a:
+            if isinstance(s, ast.ClassDef):
+                c = kept.get(s.name)
+                if not isinstance(c, ast.ClassDef) or not same(s.body, c.body):
+                    return False
+            elif isinstance(s, funcs):
+                if s.name not in kept:
+                    if not families[_family(s.name)]:
+                        return False  # a function gone with all of its family
+                    pruned += 1
+            else:
+                key = ast.dump(s)
+                if not others[key]:
+                    return False  # a statement gone that is not a function
+                others[key] -= 1
+        return True
+
+    return same(was.body, now.body) and pruned > 0
+
+
+def _family(name: str) -> str:
+    m = _FAMILY.match(name)
+    return m.group(1).lower() if m else name
+
+
+def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> Finding | None:
+    """Code left out: something stands where lines of the old file were removed.
+
+    Signals, each needing ``min_lines`` lines of the old file gone: a placeholder phrase
+    on a new line (not in a docstring, nor a sentence of prose); an ellipsis (``...``,
+    ``# ...``, a data file's ``"…": "…"``) that stands where at least _ELLIPSIS_LINES lines
+    were, unless the old file had it there, or it is a doctest's or a new definition's
+    body; a stand-in, a new short comment or string, in any words, where at least
+    ``min_lines`` lines vanished from the file with nothing new in their place (one whole
+    definition of under a third of the file, deleted with a note, aside); and a mass
+    deletion, most (``mass_ratio``) of the old file's lines gone with a new
+    placeholder-like line (a comment alone, ``pass``, an ellipsis) where they were, or
+    nearly all (``cut_ratio``) gone with nothing new at all (unless only functions of
+    families that keep members went: tests pruned). Only the lines an edit changed are
+    looked at, so an edit session's commit costs a scan of a few lines."""
     min_lines = cfg["min_lines"]
     mass_ratio, cut_ratio = cfg["mass_ratio"], cfg["cut_ratio"]
     if (b"\r" in old or b"\r" in new) and _lf(old) == _lf(new):
         return None  # line ends changed, nothing else
+    lang = parsers.language(path)
+    python, prose, data = lang == "python", _prose(path), lang in _DATA
     start, end = parsers._changed(old, new)
     a = new.rfind(b"\n", 0, start) + 1
     b = new.find(b"\n", max(start, end + len(new) - len(old)))
@@ -396,19 +588,28 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             at += len(raw) + 1
             continue
         kind = _marker(line)
+        if kind == _STRONG and prose and _sentence(line):
+            kind = _LIKE  # a sentence of prose, a bullet or a quote that uses the words
+        if kind < _WEAK and (b"..." in line or b"\xe2\x80\xa6" in line):
+            if _ELLIPSIS_KEY.fullmatch(line) or (data and _ELLIPSIS_VALUE.fullmatch(line)):
+                kind = _WEAK
+        if kind == _NONE and _standin(line, prose):
+            kind = _LIKE
         if kind != _NONE:
             marks.append((n, kind, line))
             offsets[n] = at
         at += len(raw) + 1
     n_old, n_new = old.count(b"\n"), new.count(b"\n")
     shrunk = n_old - n_new >= max(min_lines, mass_ratio * n_old / 2)
-    if not shrunk and not any(kind >= _WEAK for _, kind, _ in marks):
+    spanned = old.count(b"\n", start, end) >= min_lines  # a block of the old file replaced
+    if not shrunk and not any(kind >= _WEAK or spanned for _, kind, _ in marks):
         return None
     before = [line.strip() for line in old.split(b"\n")]
     after = [line.strip() for line in new.split(b"\n")]
     old_count = Counter(x for x in before if x)
     new_count = Counter(x for x in after if x)
-    removed = sum((old_count - new_count).values())
+    lost = old_count - new_count
+    removed = sum(lost.values())
     if removed < min_lines:
         return None
     total = max(sum(old_count.values()), 1)
@@ -430,7 +631,15 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     shared = len(distinct & old_count.keys())
     if len(distinct) >= _REWRITE_LINES and shared < _REWRITE_SHARE * len(distinct):
         return None
-    strong = [(n, line) for n, kind, line in marks if kind == _STRONG and line not in old_count]
+
+    def docstring(n: int) -> bool:
+        return python and _in_docstring(new, offsets[n])
+
+    strong = [
+        (n, line)
+        for n, kind, line in marks
+        if kind == _STRONG and line not in old_count and not docstring(n)
+    ]
     if strong:
         n, text = strong[0]
         return found(
@@ -447,53 +656,84 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
         if kind == _WEAK:
             aligned[n] = b"\0%d" % n
     js, iis = _anchors(before, aligned)
-    gaps: dict[int, tuple[int, int, int, int]] = {}
+    gaps: dict[int, Gap] = {}
 
-    def gap(n: int) -> tuple[int, int, int, int]:
-        """(old lines gone, new lines put, first, end of the old lines) where line n is."""
+    def gap(n: int) -> Gap:
+        """What the edit did between the anchors around line n."""
         k = bisect_left(js, n)
         if k < len(js) and js[k] == n:
-            return 0, 0, iis[k], iis[k]  # a line kept from the old file
+            return Gap(0, 0, iis[k], iis[k], 0, 0, 0, n, n)  # a line kept from the old file
         if k not in gaps:
             jb, ib = (js[k - 1], iis[k - 1]) if k else (-1, -1)
             ja, ia = (js[k], iis[k]) if k < len(js) else (len(after), len(before))
             was = Counter(x for x in before[ib + 1 : ia] if x)
             now = Counter(x for x in after[jb + 1 : ja] if x)
-            gaps[k] = (sum((was - now).values()), sum((now - was).values()), ib + 1, ia)
+            gone, put = was - now, now - was
+            code = notes = 0
+            for x, v in put.items():
+                if _standin(x, prose):
+                    notes += v
+                elif not _filler(x, prose):
+                    code += v
+            vanished = sum(min(v, lost[x]) for x, v in gone.items())
+            gaps[k] = Gap(
+                sum(gone.values()), sum(put.values()), ib + 1, ia, vanished, code, notes, jb + 1, ja
+            )
         return gaps[k]
 
-    python = parsers.language(path) == "python"
     for n, kind, text in marks:
         if kind != _WEAK:
             continue
-        gone, _, i1, i2 = gap(n)
-        if gone < _ELLIPSIS_LINES:
-            continue
-        if python and _in_docstring(new, offsets[n]):
+        g = gap(n)
+        if g.gone < _ELLIPSIS_LINES or docstring(n):
             continue  # a doctest's or a docstring's ellipsis
+        if text in before[g.first : g.end] or _new_stub(after, n, old_count):
+            continue  # the old file had it there; a doctest's; a new definition's body
         return found(
             "ellipsis",
             n,
             text,
-            f"stands where {gone} lines of the old file were: {removed} lines of the "
+            f"stands where {g.gone} lines of the old file were: {removed} lines of the "
             "old file are gone",
+        )
+    for n, _, text in marks:
+        if text in old_count or not _standin(text, prose) or docstring(n):
+            continue
+        g = gap(n)
+        if g.vanished < min_lines or g.code or g.notes > _STANDIN_NOTES:
+            continue
+        # What the edit took out there: the old lines between what it kept around them.
+        was, now = before[g.first : g.end], after[g.new_first : g.new_end]
+        k = _common_lines(was, now)
+        e = _common_lines(was[k:][::-1], now[k:][::-1])
+        i1, i2 = g.first + k, g.end - e
+        if i2 - i1 < len(before) / 3 and _one_definition(path, old.split(b"\n")[i1:i2], new):
+            continue  # one definition deleted, and a note where it was
+        return found(
+            "stand-in",
+            n,
+            text,
+            f"stands where {g.vanished} lines of the old file were, which the new text "
+            f"no longer has, with nothing new in their place: {removed} lines are gone",
         )
     if removed < mass_ratio * total:
         return None
     added = sum((new_count - old_count).values())
     kept = sum(new_count.values())
     if added <= min(removed // 5, kept - added):  # mostly old lines: not a rewrite
-        for n, _, text in marks:
-            gone, put, _, _ = gap(n)
-            if gone < min_lines or put > max(3, gone // 20):
+        for n, kind, text in marks:
+            g = gap(n)
+            if g.gone < min_lines or g.put > max(3, g.gone // 20) or g.code > g.gone // 20:
                 continue  # new text stands there, not a placeholder
-            if python and _in_docstring(new, offsets[n]):
+            if docstring(n) or text in before[g.first : g.end]:
                 continue
+            if kind != _WEAK and text in old_count:
+                continue  # a line of the old file is no evidence
             return found(
                 "mass",
                 n,
                 text,
-                f"stands where {gone} lines of the old file were: {removed} of its "
+                f"stands where {g.gone} lines of the old file were: {removed} of its "
                 f"{total} lines are gone in one write",
             )
     if not kept or removed < cut_ratio * total or added > kept // 20:
@@ -503,12 +743,30 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     e = _common_lines(before[k:][::-1], after[k:][::-1])
     if k + e == len(after) and _one_definition(path, old.split(b"\n")[k : len(before) - e], new):
         return None  # one definition deleted, and the file is whole without it
+    if _pruned(path, old, new):
+        return None  # functions of families that keep members deleted: tests pruned
     return Finding(
         "elision",
         f"{removed} of the old file's {total} lines are gone in one write, and nothing "
         "new stands in their place: what is left is a fragment of the file",
         {"line": k + 1, "lines_removed": removed, "signal": "cut"},
     )
+
+
+class Gap(NamedTuple):
+    """What an edit did between two anchors: old lines gone and new lines put there (as
+    counts of lines), where the old lines were, how many of the gone lines the new text
+    has nowhere, and how many of the put lines are code and how many comments."""
+
+    gone: int
+    put: int
+    first: int
+    end: int
+    vanished: int
+    code: int
+    notes: int
+    new_first: int
+    new_end: int
 
 
 # A changed span longer than this many lines is scanned only where its lines are new.
