@@ -605,20 +605,25 @@ def test_data_files_refuse_a_placeholder_entry_where_keys_were() -> None:
         assert gated("c.yaml", yml, "\n".join(ys[:9] + [entry] + ys[27:])) == ["elision"]
     # Keys removed, nothing in their place; the last ones removed, brackets closed.
     assert gated("conf.json", old, "\n".join(lines[:k] + lines[end:])) == []
+    words = json.dumps({"keywords": [f"word{i}" for i in range(15)], "v": 1}, indent=2)
+    one = words.replace('"word0",', '"word0"', 1).split("\n")
+    assert gated("package.json", words, "\n".join(one[:3] + one[17:])) == []  # one kept
     last = lines[: lines.index('  "key_9": {')]
     last[-1] = last[-1].rstrip(",")
     assert gated("conf.json", old, "\n".join([*last, "}", ""])) == []
 
 
 def test_what_the_old_file_had_is_no_evidence() -> None:
-    # A "..." the old file had, and a comment that stays over the block deleted under it.
-    stubs = "".join(f"def stub_{i}(x: int) -> int:\n    ...\n\n\n" for i in range(6))
+    # Stubs whose "..." the old file had, a comment line it had (twice), and a function
+    # deleted between them: neither stands for the function.
+    def stubs(prefix: str) -> str:
+        return "".join(f"def {prefix}_{i}(x: int) -> int:\n    ...\n\n\n" for i in range(6))
+
     body = "".join(f"    y = y + x * {i}\n" for i in range(30))
-    old = f"{stubs}# Helpers\n\ndef helper(x):\n    y = 0\n{body}    return y\n\n\n{stubs}"
-    new = f"{stubs}# Helpers\n\n{stubs}"
-    assert gated("m.py", old, new) == []
-    new = old.replace(f"def helper(x):\n    y = 0\n{body}    return y\n", "", 1)
-    assert gated("m.pyi", old, new) == []
+    old = f"#\n{stubs('a')}def helper(x):\n    y = 0\n{body}    return y\n\n\n#\n{stubs('b')}"
+    assert gated("m.pyi", old, f"#\n{stubs('a')}#\n{stubs('b')}") == []
+    # ... while a new comment there stands for it.
+    assert gated("m.pyi", old, f"#\n{stubs('a')}# wie bisher\n#\n{stubs('b')}") == ["elision"]
 
 
 def test_prose_docstrings_overloads_doctests_and_strings_are_not_placeholders() -> None:

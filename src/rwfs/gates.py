@@ -444,11 +444,12 @@ def _sentence(line: bytes) -> bool:
     return whole is None or whole.group(1)[:1] in b"*\"'" or whole.group(1)[-1:] in b"\"'"
 
 
-def _standin(line: bytes, prose: bool) -> bool:
+def _standin(line: bytes, prose: bool, data: bool = False) -> bool:
     """A comment, or a string alone on its line, short: what can stand where a block of
     the old file was, whatever its words and language. In prose only a comment or a
-    bracketed line: a sentence is text."""
-    if not line or len(line) > 4 * _STANDIN_TEXT:
+    bracketed line: a sentence is text; in a data file only a comment: a string is a
+    value."""
+    if not line or len(line) > 4 * _STANDIN_TEXT or (data and line[:1] in b"\"'"):
         return False
     if prose:
         if line.startswith(b"<!--"):
@@ -472,31 +473,38 @@ def _standin(line: bytes, prose: bool) -> bool:
     return 0 < len(words) <= _STANDIN_TEXT
 
 
-def _filler(line: bytes, prose: bool) -> bool:
+def _filler(line: bytes, prose: bool, data: bool) -> bool:
     """A line that puts nothing new where a block was: a closing token, ``pass``, an
     ellipsis, a comment."""
-    return (
-        _CLOSER.fullmatch(line) is not None
-        or _PASS.fullmatch(line) is not None
-        or _ELLIPSIS.fullmatch(line) is not None
-        or _standin(line, prose)
-        or (_WHOLE.match(line) is not None and line[0] in _OPENS and not prose)
-    )
+    if _CLOSER.fullmatch(line) or _PASS.fullmatch(line) or _ELLIPSIS.fullmatch(line):
+        return True
+    if _standin(line, prose, data):
+        return True
+    whole = _WHOLE.match(line) if line[0] in _OPENS and not prose else None
+    return whole is not None and whole.group(1)[-1:] not in b"\"'"  # a comment, if long
 
 
-def _new_stub(after: list[bytes], n: int, old_count: Counter[bytes]) -> bool:
-    """Whether the ellipsis on line n is a doctest's (after ``>>>`` or ``...``) or the
-    body of a definition the old file did not have (an ``@overload``, a protocol's
-    method): then it stands for nothing that was there."""
-    p = n - 1
+def _head(new: bytes, a: int, after: list[bytes], j: int) -> bytes:
+    """The last line before line ``j`` of the span that starts at ``a`` in ``new`` (its
+    lines ``after``, stripped) that is not blank: b"" when there is none."""
+    p = j - 1
     while p >= 0 and not after[p]:
         p -= 1
-    if p < 0:
-        return False
-    head = after[p]
+    if p >= 0:
+        return after[p]
+    for line in reversed(new[:a].split(b"\n")):
+        if line.strip():
+            return line.strip()
+    return b""
+
+
+def _new_stub(head: bytes, had: Callable[[bytes], bool]) -> bool:
+    """Whether an ellipsis after the line ``head`` is a doctest's (after ``>>>`` or
+    ``...``) or the body of a definition the old file did not have (an ``@overload``, a
+    protocol's method): then it stands for nothing that was there."""
     if head.startswith((b">>>", b"...")):
         return True
-    return head.endswith((b":", b"{")) and head not in old_count
+    return head.endswith((b":", b"{")) and not had(head)
 
 
 _FAMILY = re.compile(r"_*([a-z0-9]+|[A-Z][a-z0-9]*)")
@@ -593,7 +601,7 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
         if kind < _WEAK and (b"..." in line or b"\xe2\x80\xa6" in line):
             if _ELLIPSIS_KEY.fullmatch(line) or (data and _ELLIPSIS_VALUE.fullmatch(line)):
                 kind = _WEAK
-        if kind == _NONE and _standin(line, prose):
+        if kind == _NONE and _standin(line, prose, data):
             kind = _LIKE
         if kind != _NONE:
             marks.append((n, kind, line))
@@ -604,15 +612,25 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     spanned = old.count(b"\n", start, end) >= min_lines  # a block of the old file replaced
     if not shrunk and not any(kind >= _WEAK or spanned for _, kind, _ in marks):
         return None
-    before = [line.strip() for line in old.split(b"\n")]
-    after = [line.strip() for line in new.split(b"\n")]
+    # The lines outside the changed span are the same in both versions: every count, the
+    # anchors and each gap are computed over the span alone (indices from line ``first``).
+    ob = len(old) if b < 0 else b - (len(new) - len(old))
+    span = old[a:ob].split(b"\n")
+    before = [line.strip() for line in span]
+    after = [line.strip() for line in lines]
     old_count = Counter(x for x in before if x)
     new_count = Counter(x for x in after if x)
-    lost = old_count - new_count
+    lost = old_count - new_count  # what the new text has nowhere
     removed = sum(lost.values())
     if removed < min_lines:
         return None
-    total = max(sum(old_count.values()), 1)
+
+    def had(line: bytes) -> bool:
+        """Whether the old file has this line (stripped), in the span or around it."""
+        if line in old_count:
+            return True
+        pattern = rb"(?m)^[ \t]*" + re.escape(line) + rb"[ \t\r]*$"
+        return re.search(pattern, old[:a]) is not None or re.search(pattern, old[ob:]) is not None
 
     def found(signal: str, n: int, text: bytes, message: str, **more: Any) -> Finding:
         # The line is quoted, unless it holds a secret (a placeholder comment after a key).
@@ -626,11 +644,13 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     # A rewrite is a text of its own, whose comments are its own ("# ... and so on ..." in
     # a table): one that shares less than a quarter of its distinct lines with the old
     # file, and has enough of them to be a file (a new function and "# ... existing
-    # code ..." is not one).
-    distinct = {x for x in new_count if len(x) >= _DISTINCT}
-    shared = len(distinct & old_count.keys())
-    if len(distinct) >= _REWRITE_LINES and shared < _REWRITE_SHARE * len(distinct):
-        return None
+    # code ..." is not one). An edit that kept half the file is none.
+    if len(lines) * 2 > n_new:
+        everything = Counter(x.strip() for x in old.split(b"\n"))
+        distinct = {x.strip() for x in new.split(b"\n") if len(x.strip()) >= _DISTINCT}
+        shared = len(distinct & everything.keys())
+        if len(distinct) >= _REWRITE_LINES and shared < _REWRITE_SHARE * len(distinct):
+            return None
 
     def docstring(n: int) -> bool:
         return python and _in_docstring(new, offsets[n])
@@ -638,7 +658,7 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     strong = [
         (n, line)
         for n, kind, line in marks
-        if kind == _STRONG and line not in old_count and not docstring(n)
+        if kind == _STRONG and not docstring(n) and not had(line)
     ]
     if strong:
         n, text = strong[0]
@@ -654,12 +674,13 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     aligned = list(after)
     for n, kind, _ in marks:
         if kind == _WEAK:
-            aligned[n] = b"\0%d" % n
+            aligned[n - first] = b"\0%d" % n
     js, iis = _anchors(before, aligned)
     gaps: dict[int, Gap] = {}
 
     def gap(n: int) -> Gap:
-        """What the edit did between the anchors around line n."""
+        """What the edit did between the anchors around line n (of the new file)."""
+        n -= first
         k = bisect_left(js, n)
         if k < len(js) and js[k] == n:
             return Gap(0, 0, iis[k], iis[k], 0, 0, 0, n, n)  # a line kept from the old file
@@ -671,9 +692,9 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             gone, put = was - now, now - was
             code = notes = 0
             for x, v in put.items():
-                if _standin(x, prose):
+                if _standin(x, prose, data):
                     notes += v
-                elif not _filler(x, prose):
+                elif not _filler(x, prose, data):
                     code += v
             vanished = sum(min(v, lost[x]) for x, v in gone.items())
             gaps[k] = Gap(
@@ -687,7 +708,7 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
         g = gap(n)
         if g.gone < _ELLIPSIS_LINES or docstring(n):
             continue  # a doctest's or a docstring's ellipsis
-        if text in before[g.first : g.end] or _new_stub(after, n, old_count):
+        if text in before[g.first : g.end] or _new_stub(_head(new, a, after, n - first), had):
             continue  # the old file had it there; a doctest's; a new definition's body
         return found(
             "ellipsis",
@@ -697,7 +718,7 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             "old file are gone",
         )
     for n, _, text in marks:
-        if text in old_count or not _standin(text, prose) or docstring(n):
+        if not _standin(text, prose, data) or docstring(n) or had(text):
             continue
         g = gap(n)
         if g.vanished < min_lines or g.code or g.notes > _STANDIN_NOTES:
@@ -707,7 +728,7 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
         k = _common_lines(was, now)
         e = _common_lines(was[k:][::-1], now[k:][::-1])
         i1, i2 = g.first + k, g.end - e
-        if i2 - i1 < len(before) / 3 and _one_definition(path, old.split(b"\n")[i1:i2], new):
+        if i2 - i1 < (n_old + 1) / 3 and _one_definition(path, span[i1:i2], new):
             continue  # one definition deleted, and a note where it was
         return found(
             "stand-in",
@@ -716,10 +737,13 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             f"stands where {g.vanished} lines of the old file were, which the new text "
             f"no longer has, with nothing new in their place: {removed} lines are gone",
         )
+    if removed < mass_ratio * (n_old + 1):
+        return None  # fewer than the ratio of its lines, blank ones counted
+    total = max(_nonblank(old), 1)
     if removed < mass_ratio * total:
         return None
     added = sum((new_count - old_count).values())
-    kept = sum(new_count.values())
+    kept = _nonblank(new)
     if added <= min(removed // 5, kept - added):  # mostly old lines: not a rewrite
         for n, kind, text in marks:
             g = gap(n)
@@ -727,7 +751,7 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
                 continue  # new text stands there, not a placeholder
             if docstring(n) or text in before[g.first : g.end]:
                 continue
-            if kind != _WEAK and text in old_count:
+            if kind != _WEAK and had(text):
                 continue  # a line of the old file is no evidence
             return found(
                 "mass",
@@ -741,7 +765,7 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     # Nearly all gone, nothing new: unless it is one definition deleted whole.
     k = _common_lines(before, after)
     e = _common_lines(before[k:][::-1], after[k:][::-1])
-    if k + e == len(after) and _one_definition(path, old.split(b"\n")[k : len(before) - e], new):
+    if k + e == len(after) and _one_definition(path, span[k : len(before) - e], new):
         return None  # one definition deleted, and the file is whole without it
     if _pruned(path, old, new):
         return None  # functions of families that keep members deleted: tests pruned
@@ -749,8 +773,17 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
         "elision",
         f"{removed} of the old file's {total} lines are gone in one write, and nothing "
         "new stands in their place: what is left is a fragment of the file",
-        {"line": k + 1, "lines_removed": removed, "signal": "cut"},
+        {"line": first + k + 1, "lines_removed": removed, "signal": "cut"},
     )
+
+
+_BLANK = re.compile(rb"(?m)^[ \t\r\f\v]*$")
+
+
+def _nonblank(data: bytes) -> int:
+    """How many lines of ``data`` hold more than whitespace."""
+    lines = data.count(b"\n") + 1
+    return lines - len(_BLANK.findall(data))
 
 
 class Gap(NamedTuple):
