@@ -705,3 +705,17 @@ def test_a_stand_in_refusal_names_the_allowance(mount: Mount) -> None:
     assert env["details"]["signal"] == "stand-in"
     assert env["allow"]["command"] == f"rwfs allow {mount.path}/wrap.py"
     assert env["allow"]["command"] in env["message"]
+
+
+def test_a_licence_header_or_a_docstring_made_short_is_no_stand_in() -> None:
+    licence = "".join(f"# Licence text, line {i}: terms and conditions.\n" for i in range(20))
+    body = "".join(f"def f{i}(x):\n    return x + {i}\n\n\n" for i in range(10))
+    old = licence + "\n" + body
+    assert gated("m.py", old, "# SPDX-License-Identifier: MIT\n\n" + body) == []
+    doc = '"""Helpers.\n\n' + "".join(f"Paragraph {i} of the long story.\n" for i in range(20))
+    old = doc + '"""\n\n' + body
+    assert gated("m.py", old, '"""Helpers."""\n\n' + body) == []
+    # Code is not a docstring: the same short string where functions were is refused.
+    code = "".join(f"def g{i}(x):\n    y = x * {i}\n    return y\n\n\n" for i in range(8))
+    old = body + code + "X = 1\n"
+    assert gated("m.py", old, body + '"""Helpers."""\n\n\nX = 1\n') == ["elision"]

@@ -484,6 +484,24 @@ def _filler(line: bytes, prose: bool, data: bool) -> bool:
     return whole is not None and whole.group(1)[-1:] not in b"\"'"  # a comment, if long
 
 
+def _prose_lines(old: bytes, a: int, span: list[bytes], i1: int, i2: int) -> bool:
+    """Python: whether the old lines ``span[i1:i2]`` (the span begins at ``a`` in
+    ``old``) are a docstring's text: inside a string, or strings alone once dedented."""
+    at = a + sum(len(line) + 1 for line in span[:i1])
+    if _in_docstring(old, at):
+        return True
+    text = textwrap.dedent(b"\n".join(span[i1:i2]).decode("utf-8", "surrogateescape"))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            body = ast.parse(text).body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return bool(body) and all(
+        isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) for s in body
+    )
+
+
 def _head(new: bytes, a: int, after: list[bytes], j: int) -> bytes:
     """The last line before line ``j`` of the span that starts at ``a`` in ``new`` (its
     lines ``after``, stripped) that is not blank: b"" when there is none."""
@@ -683,7 +701,7 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
         n -= first
         k = bisect_left(js, n)
         if k < len(js) and js[k] == n:
-            return Gap(0, 0, iis[k], iis[k], 0, 0, 0, n, n)  # a line kept from the old file
+            return Gap(0, 0, iis[k], iis[k], 0, 0, 0, n, n, 0)  # a line kept from the old file
         if k not in gaps:
             jb, ib = (js[k - 1], iis[k - 1]) if k else (-1, -1)
             ja, ia = (js[k], iis[k]) if k < len(js) else (len(after), len(before))
@@ -696,9 +714,25 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
                     notes += v
                 elif not _filler(x, prose, data):
                     code += v
-            vanished = sum(min(v, lost[x]) for x, v in gone.items())
+            # Of the lines gone, those the file has nowhere now, and of these those that
+            # were text of their own (not comments or closers: commented-out code and a
+            # licence header define nothing).
+            vanished = substance = 0
+            for x, v in gone.items():
+                if lost[x]:
+                    vanished += min(v, lost[x])
+                    substance += 0 if _filler(x, prose, data) else min(v, lost[x])
             gaps[k] = Gap(
-                sum(gone.values()), sum(put.values()), ib + 1, ia, vanished, code, notes, jb + 1, ja
+                sum(gone.values()),
+                sum(put.values()),
+                ib + 1,
+                ia,
+                vanished,
+                code,
+                notes,
+                jb + 1,
+                ja,
+                substance,
             )
         return gaps[k]
 
@@ -723,6 +757,8 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
         g = gap(n)
         if g.vanished < min_lines or g.code or g.notes > _STANDIN_NOTES:
             continue
+        if g.substance < _ELLIPSIS_LINES:
+            continue  # comments gone (a licence header, commented-out code): no code
         # What the edit took out there: the old lines between what it kept around them.
         was, now = before[g.first : g.end], after[g.new_first : g.new_end]
         k = _common_lines(was, now)
@@ -730,6 +766,8 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
         i1, i2 = g.first + k, g.end - e
         if i2 - i1 < (n_old + 1) / 3 and _one_definition(path, span[i1:i2], new):
             continue  # one definition deleted, and a note where it was
+        if python and _prose_lines(old, a, span, i1, i2):
+            continue  # a docstring shortened: its text is prose
         return found(
             "stand-in",
             n,
@@ -751,8 +789,8 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
                 continue  # new text stands there, not a placeholder
             if docstring(n) or text in before[g.first : g.end]:
                 continue
-            if kind != _WEAK and had(text):
-                continue  # a line of the old file is no evidence
+            if kind != _WEAK and (had(text) or g.substance < _ELLIPSIS_LINES):
+                continue  # a line of the old file is no evidence; nor a note over notes
             return found(
                 "mass",
                 n,
@@ -800,6 +838,7 @@ class Gap(NamedTuple):
     notes: int
     new_first: int
     new_end: int
+    substance: int
 
 
 # A changed span longer than this many lines is scanned only where its lines are new.
