@@ -162,10 +162,21 @@ def main(argv: list[str] | None = None) -> int:
         "--corpus-files", type=int, default=40, help="files per source group (40; 0: no corpus)"
     )
     ap.add_argument("--seed", type=int, default=15, help="the corpus's draw (15)")
+    ap.add_argument(
+        "--hard",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead, the harder elision corpus (scripts/gate_corpus_hard.py), N files a group",
+    )
     args = ap.parse_args(argv)
     if args.mount:
         through_mount(max(3, args.samples // 10))
         return 0
+    if args.hard:
+        import gate_corpus_hard  # scripts/, beside this file
+
+        return gate_corpus_hard.main(["--files", str(args.hard)])
     corpus = {}
     if args.corpus_files:
         t = time.perf_counter()

@@ -491,7 +491,25 @@ def legit(group: str, path: str, text: str, rng: random.Random) -> list[tuple[st
                 strings = ["STATES = ("] + [f'    "{s}",' for s in STRINGS] + [")", "", ""]
                 a, b = rng.choice(runs)
                 out.append(("string elements", "\n".join(drop(a, b, strings))))
+    # A licence header replaced by its SPDX line; a long docstring made one line.
+    if code or lang in ("yaml", "toml"):
+        mark = "//" if lang in ("javascript", "typescript") else "#"
+        k = next((i for i, x in enumerate(lines) if not x.startswith(mark) and x.strip()), 0)
+        first = 1 if lines[0].startswith("#!") else 0
+        if k - first >= 10:
+            spdx = f"{mark} SPDX-License-Identifier: MIT"
+            out.append(("licence header to SPDX", "\n".join(lines[:first] + [spdx] + lines[k:])))
     if lang == "python":
+        for i, x in enumerate(lines):
+            s = x.strip()
+            if s.startswith('"""') and len(s) > 3 and '"""' not in s[3:]:
+                end = next((j for j in range(i + 1, len(lines)) if '"""' in lines[j]), None)
+                if end is not None and end - i >= 12:
+                    one = _indent(x) + s.rstrip(".") + '."""'
+                    out.append(
+                        ("docstring shortened", "\n".join(lines[:i] + [one] + lines[end + 1 :]))
+                    )
+                    break
         # a docstring line in the placeholder words, and a function deleted elsewhere
         doc = [
             i
