@@ -224,19 +224,20 @@ def rate(refused: int, judged: int) -> str:
 
 
 def table(results: list[Replay]) -> str:
-    rows = [f"{'project':<16}{'commits':>8}{'judged':>8}{'refused':>8}{'rate':>8}   refused by"]
+    w = max([len(r.name) for r in results] + [12]) + 2
+    rows = [f"{'project':<{w}}{'commits':>8}{'judged':>8}{'refused':>8}{'rate':>8}   refused by"]
     for r in results:
         by = ", ".join(f"{g} {n}" for g, n in r.by_gate.most_common()) or "-"
         cells = f"{r.commits:>8}{r.judged:>8}{r.refused:>8}{rate(r.refused, r.judged):>8}"
-        rows.append(f"{r.name:<16}{cells}   {by}")
+        rows.append(f"{r.name:<{w}}{cells}   {by}")
     judged, refused = sum(r.judged for r in results), sum(r.refused for r in results)
     commits = sum(r.commits for r in results)
-    rows.append(f"{'all':<16}{commits:>8}{judged:>8}{refused:>8}{rate(refused, judged):>8}")
+    rows.append(f"{'all':<{w}}{commits:>8}{judged:>8}{refused:>8}{rate(refused, judged):>8}")
     kinds: Counter[str] = sum((r.kinds for r in results), Counter())
     kinds_refused: Counter[str] = sum((r.kinds_refused for r in results), Counter())
-    rows.append(f"\n{'kind':<16}{'':>8}{'judged':>8}{'refused':>8}{'rate':>8}")
+    rows.append(f"\n{'kind':<{w}}{'':>8}{'judged':>8}{'refused':>8}{'rate':>8}")
     for k, n in kinds.most_common():
-        rows.append(f"{k:<16}{'':>8}{n:>8}{kinds_refused[k]:>8}{rate(kinds_refused[k], n):>8}")
+        rows.append(f"{k:<{w}}{'':>8}{n:>8}{kinds_refused[k]:>8}{rate(kinds_refused[k], n):>8}")
     return "\n".join(rows)
 
 
