@@ -54,6 +54,10 @@ log = logging.getLogger("rwfs.gc")
 
 TRASH = b"trash"  # objects/trash/: collected objects whose removal is journaled, to unlink
 POLL_SECONDS = 1.0  # how often the daemon looks whether retention is due (cheap: counters)
+# The first collection waits this long after the mount (or for a policy change or the
+# verb): a mount's first writes are often a burst (an agent's, a checkout's), and that
+# collection only sets what the next ones compare with.
+FIRST_AFTER_S = 10.0
 
 
 def _epoch(ts: str) -> float:
@@ -490,6 +494,8 @@ class Retention:
         and when the policy changes."""
         import trio
 
+        with trio.move_on_after(FIRST_AFTER_S):
+            await self._wake.wait()
         while True:
             if self.stuck():
                 await self.relieve()
