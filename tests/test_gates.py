@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import Mount, check_clean, prepare_state
 
+from rwfs import gates
 from rwfs.policy import DEFAULT_TEXT
 
 REAL = inspect.getsource(json.decoder)  # a real module of a few hundred lines
@@ -117,10 +118,10 @@ def test_a_bare_ellipsis_over_a_function_body_is_refused(mount: Mount) -> None:
     start = lines.index("def dedent(text):")
     end = lines.index("def indent(text, prefix, predicate=None):")
     stubbed = lines[: start + 1] + ["    ..."] + lines[end - 2 :]
-    assert refused_by(mount, f, "\n".join(stubbed), WRAP) == {"elision"}
+    assert refused_by(mount, f, "\n".join(stubbed), WRAP) == {"elision", "stub"}
     head = lines[start].replace(":", ":  # unchanged")
     marked = lines[:start] + [head, "    ..."] + lines[end - 2 :]
-    assert refused_by(mount, f, "\n".join(marked), WRAP) == {"elision"}
+    assert refused_by(mount, f, "\n".join(marked), WRAP) == {"elision", "stub"}
 
 
 JS = """\
@@ -584,7 +585,7 @@ def test_a_middle_block_replaced_by_a_comment_in_any_words_is_refused(words: str
     js = f"function sum(values) {{\n  let total = 0;\n{body}  return total;\n}}\n\n{JS}"
     kept = js.split("\n")
     stubbed = kept[:1] + ["  // " + words.strip('#" .')] + kept[17:]
-    assert gated("sum.js", js, "\n".join(stubbed)) == ["elision"]
+    assert gated("sum.js", js, "\n".join(stubbed)) == ["elision", "stub"]  # (both, rightly)
     # One definition deleted with a note where it was is a deletion: it passes.
     note = lines[:start] + ["# " + words.strip('#" .')] + lines[end - 2 :]
     assert gated("wrap.py", WRAP, "\n".join(note)) == []
@@ -719,3 +720,235 @@ def test_a_licence_header_or_a_docstring_made_short_is_no_stand_in() -> None:
     code = "".join(f"def g{i}(x):\n    y = x * {i}\n    return y\n\n\n" for i in range(8))
     old = body + code + "X = 1\n"
     assert gated("m.py", old, body + '"""Helpers."""\n\n\nX = 1\n') == ["elision"]
+
+
+# ---- stubbed bodies and text written twice ----
+
+CFG = {"stub": {"min_lines": 5}, "duplication": {"min_lines": 8}}
+BODY_PY = "".join(f"    total += step * {i}\n" for i in range(6)) + "    return total\n"
+
+
+def stub_of(name: str, old: str, new: str) -> str | None:
+    """The gate that refuses ``new`` over ``old`` (stub or duplication), in-process."""
+    for gate, judge in (("stub", gates.stub), ("duplication", gates.duplication)):
+        if judge(old.encode(), new.encode(), CFG[gate], name.encode()) is not None:
+            return gate
+    return None
+
+
+# An implemented body (over 5 lines of code) and the same definition stubbed, in every
+# format the syntax gate knows that has functions: (name, old, new).
+BODY_C = "".join(f"    total += step * {i};\n" for i in range(6))
+STUBBED = {
+    "pass": ("m.py", "def f(step):\n    total = 0\n" + BODY_PY, "def f(step):\n    pass\n"),
+    "...": ("m.py", "def f(step):\n    total = 0\n" + BODY_PY, "def f(step):\n    ...\n"),
+    "raise NotImplementedError": (
+        "m.py",
+        "class A:\n    def f(self, step):\n        total = 0\n"
+        + BODY_PY.replace("    ", "        "),
+        "class A:\n    def f(self, step):\n        raise NotImplementedError\n",
+    ),
+    "docstring and a TODO": (
+        "m.py",
+        'def f(step):\n    """Sum."""\n    total = 0\n' + BODY_PY,
+        'def f(step):\n    """Sum."""\n    # TODO: implement\n    return None\n',
+    ),
+    "throw new Error": (
+        "m.js",
+        "function f (step) {\n  let total = 0\n" + BODY_C + "  return total\n}\n",
+        "function f (step) {\n  throw new Error('TODO')\n}\n",
+    ),
+    "TS method emptied": (
+        "m.ts",
+        "class A {\n  f(step: number): number {\n    let total = 0;\n"
+        + BODY_C
+        + "    return total;\n  }\n}\n",
+        "class A {\n  f(step: number): number {\n    // TODO\n  }\n}\n",
+    ),
+    "Java UnsupportedOperationException": (
+        "A.java",
+        "class A {\n  int f(int step) {\n    int total = 0;\n"
+        + BODY_C
+        + "    return total;\n  }\n}\n",
+        "class A {\n  int f(int step) {\n    throw new UnsupportedOperationException();\n  }\n}\n",
+    ),
+    "Go panic": (
+        "m.go",
+        "package m\n\nfunc F(step int) int {\n\ttotal := 0\n"
+        + BODY_C.replace(";", "")
+        + "\treturn total\n}\n",
+        'package m\n\nfunc F(step int) int {\n\tpanic("not implemented")\n}\n',
+    ),
+    "Rust todo!": (
+        "m.rs",
+        "fn f(step: i64) -> i64 {\n    let mut total = 0;\n" + BODY_C + "    total\n}\n",
+        "fn f(step: i64) -> i64 {\n    todo!()\n}\n",
+    ),
+    "C comment": (
+        "m.c",
+        "int f(int step) {\n    int total = 0;\n" + BODY_C + "    return total;\n}\n",
+        "int f(int step) {\n    /* TODO */\n    return 0;\n}\n",
+    ),
+    "Ruby": (
+        "m.rb",
+        "def f(step)\n  total = 0\n"
+        + BODY_PY.replace("    ", "  ").replace("return ", "")
+        + "end\n",
+        "def f(step)\n  raise NotImplementedError\nend\n",
+    ),
+    "Bash": (
+        "m.sh",
+        "f() {\n  local total=0\n"
+        + "".join(f"  total=$((total + $1 * {i}))\n" for i in range(6))
+        + '  echo "$total"\n}\n',
+        "f() {\n  :  # TODO\n}\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(STUBBED))
+def test_an_implemented_body_replaced_by_a_stub_is_refused(kind: str) -> None:
+    name, old, new = STUBBED[kind]
+    assert stub_of(name, old, new) == "stub", kind
+    found = gates.stub(old.encode(), new.encode(), CFG["stub"], name.encode())
+    assert found is not None and found.details["lines_before"] >= 5
+    assert "stub" in found.message and found.details["name"].endswith(("f", "F"))
+
+
+ABC_OLD = "class Base:\n    def run(self, step):\n        total = 0\n" + BODY_PY.replace(
+    "    ", "        "
+)
+LEGIT_STUBS = {
+    # the body moved into a helper, and the method calls it
+    "a call to a new helper": (
+        "m.py",
+        ABC_OLD,
+        "class Base:\n    def run(self, step):\n        return _run(step)\n\n\n"
+        "def _run(step):\n    total = 0\n" + BODY_PY,
+    ),
+    "made abstract": (
+        "m.py",
+        ABC_OLD,
+        "from abc import ABC, abstractmethod\n\n\nclass Base(ABC):\n    @abstractmethod\n"
+        "    def run(self, step):\n        raise NotImplementedError\n",
+    ),
+    "overloads added": (
+        "m.py",
+        "def f(step):\n    total = 0\n" + BODY_PY,
+        "@overload\ndef f(step: int) -> int: ...\n@overload\ndef f(step: str) -> str: ...\n"
+        "def f(step):\n    total = 0\n" + BODY_PY,
+    ),
+    "deleted": (
+        "m.py",
+        ABC_OLD + "    def keep(self):\n        return 1\n",
+        "class Base:\n    def keep(self):\n        return 1\n",
+    ),
+    "a new stub": (
+        "m.py",
+        ABC_OLD,
+        ABC_OLD + "\n    def later(self):\n        raise NotImplementedError\n",
+    ),
+    "says subclasses implement it": (
+        "m.js",
+        "class A {\n  run (step) {\n    let total = 0\n" + BODY_C + "    return total\n  }\n}\n",
+        "class A {\n  run (step) {\n    throw new Error('not implemented: subclasses override run()')\n  }\n}\n",
+    ),
+    "Java made abstract": (
+        "A.java",
+        "class A {\n  int f(int step) {\n    int total = 0;\n"
+        + BODY_C
+        + "    return total;\n  }\n}\n",
+        "abstract class A {\n  abstract int f(int step);\n}\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LEGIT_STUBS))
+def test_stubs_by_design_and_moved_bodies_pass(kind: str) -> None:
+    name, old, new = LEGIT_STUBS[kind]
+    assert stub_of(name, old, new) is None, kind
+
+
+FUNC_JS = (
+    "function total (xs) {\n"
+    + "".join(f"  const a{i} = xs[{i}] * {i + 1}\n" for i in range(8))
+    + "  return a0 + a7\n}\n"
+)
+README = "# Tool\n\n## Linux\n\n" + "".join(
+    f"Step {i}: run the installer with option {i}.\n\n" for i in range(9)
+)
+
+
+def test_text_written_twice_is_refused_in_any_format() -> None:
+    src = "'use strict'\n\n" + FUNC_JS + "\nmodule.exports = { total }\n"
+    twice = src.replace(FUNC_JS, FUNC_JS + "\n" + FUNC_JS)
+    assert stub_of("m.js", src, twice) == "duplication"
+    assert stub_of("m.js", src, src + src) == "duplication"
+    assert stub_of("notes.txt", README, README + README) == "duplication"  # no format
+    found = gates.duplication(
+        README.encode(), (README + README).encode(), CFG["duplication"], b"README.md"
+    )
+    assert found is not None and found.details["held_before"] == 1
+    lock = json.dumps(
+        {
+            "packages": {
+                "node_modules/a": {
+                    "version": "1",
+                    "dependencies": {f"d{i}": f"^{i}.0.0" for i in range(9)},
+                }
+            }
+        },
+        indent=2,
+    )
+    lock += "\n"
+    assert stub_of("package-lock.json", lock, lock + lock) == "duplication"
+
+
+def test_repeated_structure_is_not_text_written_twice() -> None:
+    # A test copied, renamed, one line changed: its body repeats under another header.
+    test = "def test_a():\n" + "".join(f"    check(value_{i}, expected={i})\n" for i in range(10))
+    copy = test.replace("test_a", "test_b").replace("expected=5", "expected=50")
+    assert stub_of("test_m.py", test, test + "\n\n" + copy) is None
+    # A README section repeated under another heading.
+    again = README + README.replace("# Tool\n\n## Linux", "## macOS")
+    assert stub_of("README.md", README, again) is None
+    # A lockfile: the same package, nested under another one (its fields under a new key).
+    entry = {
+        "version": "1.2.3",
+        "license": "MIT",
+        "dependencies": {f"d{i}": f"^{i}.0.0" for i in range(9)},
+    }
+    lock = {"packages": {"node_modules/a": entry, "node_modules/b": {"version": "2"}}}
+    more = {"packages": {**lock["packages"], "node_modules/b/node_modules/a": entry}}
+    assert (
+        stub_of("package-lock.json", json.dumps(lock, indent=2), json.dumps(more, indent=2)) is None
+    )
+    # A block the old file repeated already: one more of it is its structure.
+    rows = "".join(f"    row({i}, 'a', 'b', 'c', 'd', 'e')  # same\n" for i in range(1))
+    table = "ROWS = [\n" + (FUNC_JS.replace("function", "// fn") * 2) + rows + "]\n"
+    assert (
+        stub_of("t.js", table, table.replace("]\n", FUNC_JS.replace("function", "// fn") + "]\n"))
+        is None
+    )
+
+
+def test_a_stub_is_refused_through_the_mount_and_allowed_on_purpose(mount: Mount) -> None:
+    f = mount.path / "wrap.py"
+    f.write_text(WRAP)
+    lines = WRAP.split("\n")
+    start = lines.index("def dedent(text):")
+    end = lines.index("def indent(text, prefix, predicate=None):")
+    doc = next(i for i in range(start + 2, end) if lines[i].strip().endswith('"""'))
+    stubbed = "\n".join(lines[: doc + 1] + ["    raise NotImplementedError", "", ""] + lines[end:])
+    assert refused_by(mount, f, stubbed, WRAP) == {"stub"}
+    env = envelope(mount)
+    assert env["reason_hint"] == "stub" and env["details"]["name"] == "dedent"
+    assert "dedent" in env["message"] and "stub" in env["message"]
+    assert env["allow"]["command"] in env["message"]  # a deliberate change has a way
+    twice = WRAP + WRAP
+    assert refused_by(mount, f, twice, WRAP) == {"duplication"}
+    assert envelope(mount)["reason_hint"] == "duplication"
+    (mount.path / ".rw" / "ctl").write_text("allow wrap.py\n")
+    assert write(f, stubbed) is None and f.read_text() == stubbed  # allowed, once
+    (allowed,) = [e for e in events(mount, "write") if e.get("allowed")]
+    assert [w["gate"] for w in allowed["allowed"]["waived"]] == ["stub"]

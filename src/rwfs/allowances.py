@@ -40,7 +40,7 @@ from typing import Any
 from .gates import Finding
 
 # The gates an allowance waives: those that judge whether a file was broken. Not "secrets".
-WAIVES = ("truncation", "elision", "syntax", "cannot_judge")
+WAIVES = ("truncation", "elision", "stub", "duplication", "syntax", "cannot_judge")
 # How long an unused allowance lasts (seconds): long enough for an agent to think and write
 # again, short enough that a forgotten one does not let an accident through hours later.
 ALLOW_S = 600.0

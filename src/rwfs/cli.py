@@ -629,7 +629,7 @@ def cmd_allow(a: argparse.Namespace) -> int:
     else:
         print(
             f"rwfs: allowed {shown}: your next write of it (within {ALLOW_S / 60:.0f} minutes) "
-            f"is not refused by the {', '.join(WAIVES[:2])} or {WAIVES[2]} gates (the secrets "
+            f"is not refused by the {', '.join(WAIVES[:-2])} or {WAIVES[-2]} gates (the secrets "
             "gate still judges it); "
             "the journal records it as allowed. Write it now; "
             f"'rwfs allow --cancel PATH' takes this back"
@@ -911,8 +911,8 @@ def parser() -> argparse.ArgumentParser:
         "let your next write of PATH through the gates: a deliberate change",
         "A deliberate big change (most of a file deleted, a file cut to its first lines) "
         "looks like a broken write to the gates. 'rwfs allow PATH' lets your next write of "
-        "each PATH (within 10 minutes, by your user only) through the truncation, elision "
-        "and syntax gates, never the secrets gate; the journal records the write as allowed. "
+        "each PATH (within 10 minutes, by your user only) through the truncation, elision, "
+        "stub, duplication and syntax gates, never the secrets gate; the journal records the write as allowed. "
         "Then write the file again, e.g. 'cp .rw/rejected/ID PATH' for a refused draft. "
         "Without PATH: list the open allowances. The workspace must be mounted.",
     )

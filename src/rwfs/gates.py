@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from ahocorasick_rs import BytesAhoCorasick
 
-from . import parsers
+from . import definitions, parsers
 
 # Gates read at most this much of a file; larger files are left alone (their content is
 # not what a model writes by hand, and reading them would slow every commit).
@@ -852,6 +852,226 @@ _REWRITE_LINES = 40
 _DISTINCT = 6
 
 
+# ---- stubs ----
+
+
+def stub(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> Finding | None:
+    """An implemented body replaced by a stub: a function, method or class of the old
+    file whose body held at least ``min_lines`` lines of code, and that the new file
+    keeps (by its qualified name, through the parse trees) with a body that holds none
+    (``pass``, ``...``, ``raise NotImplementedError``, ``throw new Error("TODO")``,
+    ``todo!()``, a lone TODO comment, nothing: ``definitions.py`` says which).
+
+    Not a stub: a new definition, a deleted one, one whose new version is abstract, an
+    overload, a Protocol's or an ABC's method (or says subclasses implement it), a body
+    that now calls something, and a body that moved: half or more of its lines that the
+    old file held once are still in the new file (a helper took them)."""
+    min_lines = cfg["min_lines"]
+    start, end = parsers._changed(old, new)
+    # A body of min_lines lines gone shows in the old span (all but its first and last
+    # line can match the stub's, by prefix and suffix).
+    if old.count(b"\n", start, end) < max(min_lines - 2, 1):
+        return None
+    found = definitions.around(path, old, new)
+    if found is None:
+        return None  # a version that does not parse: the syntax gate's matter
+    before, after = found
+    now: dict[str, list[definitions.Definition]] = {}
+    for d in after:
+        now.setdefault(d.name, []).append(d)
+    counts: Counter[bytes] | None = None
+    kept: set[bytes] = set()
+    for d in before:
+        if d.stub is not None or d.code < min_lines or d.name not in now:
+            continue
+        if any(n.stub is None or n.exempt for n in now[d.name]):
+            continue  # still implemented, or a stub by design
+        if counts is None:
+            counts = Counter(x.strip() for x in old.split(b"\n"))
+            kept = {x.strip() for x in new.split(b"\n")}
+        own = [x for x in d.lines if len(x) >= _DISTINCT and counts[x] == 1]
+        if own and 2 * sum(x in kept for x in own) >= len(own):
+            continue  # its lines moved elsewhere in the file
+        n = now[d.name][0]
+        return Finding(
+            "stub",
+            f"the body of {d.name} (line {n.line}) is now a stub ({n.stub}) where it held "
+            f"{d.code} lines of code: its implementation is gone",
+            {"line": n.line, "name": d.name, "stub": n.stub, "lines_before": d.code},
+        )
+    return None
+
+
+# ---- duplication ----
+
+_HEADING = re.compile(rb"#{1,6}\s|[=-]{3,}$")  # Markdown: an ATX heading, a setext rule
+_OPENER = re.compile(rb".*(?:[{:\[(=]|=>|\bdo|\bthen)$")
+_TEXT_SUFFIXES = (b".md", b".markdown", b".mdx", b".txt", b".rst")
+
+
+def _indent(line: bytes) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def duplication(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> Finding | None:
+    """The new text repeats, word for word, a block of at least ``min_lines`` lines (not
+    blank; half of them different, three of six characters or more) that the old text
+    held once or not at all: a file pasted twice, a function written out twice.
+
+    A repeat of a block the old file held twice already is its structure (a lockfile's
+    entries, a table), not an accident. Nor is a block repeated under different headers
+    (each copy the body of its own line above it, less indented, an opener ending with
+    ``{`` or ``:``, or a Markdown heading): a test copied and renamed, the same fields
+    under two keys of a lockfile, a README's sections. Only a repeat that one of the
+    lines the edit changed belongs to is looked for."""
+    k = cfg["min_lines"]
+    start, end = parsers._changed(old, new)
+    nend = end + len(new) - len(old)
+    if k < 2 or new.count(b"\n", start, nend) < k - 1:
+        return None  # fewer new lines than a repeat needs
+    lines = new.split(b"\n")
+    rows = [i for i, x in enumerate(lines) if x.strip()]
+    seq = [lines[i].strip() for i in rows]
+    first = new.count(b"\n", 0, start)
+    last = first + new.count(b"\n", start, nend)
+    at: dict[tuple[bytes, ...], list[int]] = {}
+    for j in range(len(seq) - k + 1):
+        at.setdefault(tuple(seq[j : j + k]), []).append(j)
+    olds: Counter[tuple[bytes, ...]] | None = None
+    old_seq: list[bytes] = []
+    old_lines: Counter[bytes] | None = None
+    rewrite = False
+    text = path.lower().endswith(_TEXT_SUFFIXES)
+    fmt = parsers.language(path)
+    unit = None if fmt is None else _KEY if fmt in _DATA else _UNIT
+    sig = None if fmt in (None, "python", "ruby", "bash", *_DATA) else _SIGNATURE
+    for window, where in at.items():
+        if len(where) < 2 or where[-1] - where[0] < k:
+            continue
+        if not any(rows[j] <= last and rows[j + k - 1] >= first for j in where):
+            continue  # no copy touches the edit: the old file had them
+        distinct = set(window)
+        if 2 * len(distinct) < k or sum(len(x) >= _DISTINCT for x in distinct) < 3:
+            continue  # a run of the same few lines: a table's filler, not a block
+        if olds is None:
+            old_seq = [s for s in (x.strip() for x in old.split(b"\n")) if s]
+            olds = Counter(tuple(old_seq[j : j + k]) for j in range(len(old_seq) - k + 1))
+        held = olds[window]
+        if held > 1 or len(where) <= held:
+            continue
+        if not held:
+            # New text written twice, unless the old file repeated it but for a line or
+            # two (a rename through overloads that were alike already).
+            # Nor in a rewrite (a text of its own, whose repeats are its own): the new
+            # text must be mostly the old one's lines.
+            if old_lines is None:
+                old_lines = Counter(old_seq)
+                mine = {x for x in seq if len(x) >= _DISTINCT}
+                ours = sum(1 for x in mine if x in old_lines)
+                rewrite = 2 * ours < len(mine)
+            if rewrite or sum(old_lines[x] < 2 for x in window) <= 2:
+                continue
+        p = where[0]
+        q = next(j for j in where if j - p >= k)
+        while p > 0 and seq[p - 1] == seq[q - 1] and q - 1 > p + k - 1:
+            p, q = p - 1, q - 1
+        size = k
+        while q + size < len(seq) and p + size < q and seq[p + size] == seq[q + size]:
+            size += 1
+        whole = p == 0 and 2 * size >= len(old_seq)  # most of the old file, from its top
+        if not whole and _reused(lines, rows, p, q, size, text, unit, sig):
+            continue
+        a, b = rows[p] + 1, rows[p + size - 1] + 1
+        c, d = rows[q] + 1, rows[q + size - 1] + 1
+        once = "once" if held else "nowhere"
+        return Finding(
+            "duplication",
+            f"lines {c}-{d} repeat lines {a}-{b} word for word ({size} lines), a block the "
+            f"old file held {once}: the text was pasted or written out twice",
+            {"line": c, "lines": size, "first": a, "held_before": held},
+        )
+    return None
+
+
+def _reused(
+    lines: list[bytes],
+    rows: list[int],
+    p: int,
+    q: int,
+    size: int,
+    text: bool,
+    unit: re.Pattern[bytes] | None,
+    sig: re.Pattern[bytes] | None,
+) -> bool:
+    """Whether two copies of ``size`` non-blank lines (from ``p`` and ``q``) are a block
+    reused, not a block written twice: each is the body of a header of its own, or ends a
+    block of its own (a copied body edited above), or (in a format rwfs parses) no line
+    of theirs begins a definition at their least indent (statements, not definitions)."""
+    if p > 0 and q > p + size and _headed(lines, rows, p, text) and _headed(lines, rows, q, text):
+        return True
+    if _tail(lines, rows, p, size) and _tail(lines, rows, q, size):
+        return True
+    if unit is None:
+        return False
+    least = min(_indent(lines[rows[j]]) for j in range(p, p + size))
+    return not any(
+        _indent(lines[rows[j]]) == least
+        and (unit.match(lines[rows[j]]) or (sig is not None and sig.match(lines[rows[j]])))
+        for j in range(p, p + size)
+    )
+
+
+def _tail(lines: list[bytes], rows: list[int], j: int, size: int) -> bool:
+    """Whether the copy of ``size`` non-blank lines from ``j`` ends a block: the line after
+    it is less indented than its first."""
+    if j + size >= len(rows):
+        return False
+    return _indent(lines[rows[j + size]]) < _indent(lines[rows[j]])
+
+
+# A line that begins a definition: a keyword that defines, a signature ``name(...) {``
+# (no ``if (...) {``), a shell function; in data (JSON, YAML, TOML), a key or a table.
+_NOT_A_NAME = (
+    rb"(?!(?:if|for|while|switch|catch|return|else|do|elif|until|with|new|throw|delete"
+    rb"|case|sizeof|await|yield|typeof|not|and|or|in|is)\b)"
+)
+_UNIT = re.compile(
+    rb"\s*(?:(?:export|public|private|protected|static|async|pub(?:\([\w:]+\))?|final"
+    rb"|abstract|override|inline|virtual|extern|unsafe|default)\s+)*"
+    rb"(?:def|class|function\*?|func|fn|impl|trait|struct|enum|interface|module|namespace"
+    rb"|type|sub|proc|package|import|from|#\s*include|#\s*define|use|mod|template|record"
+    rb"|const|let|var)\b"
+    rb"|[\w-]+\s*\(\)\s*(?:\{\s*)?$"  # a shell function, at column 0
+)
+# In the formats with braces, a signature: name(...) { on one line (JavaScript's
+# methods), types and a name then "(" (C, C++, Java), a name at column 0 (GNU style).
+_SIGNATURE = re.compile(
+    rb"\s*"
+    + _NOT_A_NAME
+    + rb"[\w<>\[\],*&:~.#$ ]*[\w>\]*&$]\s*\([^;]*\)\s*(?:const\s*)?(?:throws\s[\w., ]+)?\{\s*$"
+    + rb"|\s*"
+    + _NOT_A_NAME
+    + rb"(?:[\w:<>,*&]+[\s*&]+)+"
+    + _NOT_A_NAME
+    + rb"[*&]*[\w:~]+\s*\((?!.*;\s*$)"
+    + rb"|"
+    + _NOT_A_NAME
+    + rb"[A-Za-z_][\w:~]*\s*\((?!.*;\s*$)"
+)
+_KEY = re.compile(rb"\s*(?:[\"']?[\w.-]+[\"']?\s*[:=]|\[)")
+_DATA = ("json", "yaml", "toml")
+
+
+def _headed(lines: list[bytes], rows: list[int], j: int, text: bool) -> bool:
+    """Whether the copy that begins at non-blank line ``j`` is the body of the line above
+    it: that line is less indented, opens a block, or (in text) is a heading."""
+    above, first = lines[rows[j - 1]], lines[rows[j]]
+    s = above.strip()
+    if first.strip() == b"{" or _indent(above) < _indent(first) or _OPENER.match(s):
+        return True
+    return text and _HEADING.match(s) is not None
+
+
 # ---- syntax ----
 
 
@@ -1108,11 +1328,13 @@ def secrets(new: bytes, cfg: dict[str, Any]) -> Finding | None:
 
 # ---- running them ----
 
-GATES = ("truncation", "elision", "syntax", "secrets")
+# (stub and duplication before syntax: stub reads the old version's kept tree, and the new
+# one it parses from it is kept for the syntax gate, which then parses nothing again)
+GATES = ("truncation", "elision", "stub", "duplication", "syntax", "secrets")
 
 
 # The gates that read the bytes as lines of text (source code, config).
-TEXT_GATES = ("truncation", "elision", "syntax")
+TEXT_GATES = ("truncation", "elision", "stub", "duplication", "syntax")
 
 
 def is_binary(data: bytes) -> bool:
@@ -1168,6 +1390,10 @@ def _judge(gate: str, path: bytes, old: bytes, new: bytes, cfg: dict[str, Any]) 
         found = truncation(old, new, cfg, path)
     elif gate == "elision":
         found = elision(old, new, cfg, path)
+    elif gate == "stub":
+        found = stub(old, new, cfg, path)
+    elif gate == "duplication":
+        found = duplication(old, new, cfg, path)
     elif gate == "syntax":
         found = syntax(path, old, new)
     else:

@@ -593,20 +593,72 @@ def _tree_sitter(lang: str) -> Parser:
     def parse(
         data: bytes, path: bytes | None = None, previous: bytes | None = None
     ) -> Error | None:
-        parser = _ts_parser(lang)
-        key = (lang, path or b"")
-        old_tree = None
-        if path is not None and previous is not None:
-            kept = _kept.get(key, previous)
-            if kept is not None:
-                old_tree = kept.copy()  # trees are shared between threads: edit a copy
-                _edit(old_tree, previous, data)
-        tree = parser.parse(data, old_tree) if old_tree is not None else parser.parse(data)
-        if path is not None:
-            _kept.put(key, data, tree, TREE_COST)
-        return _ts_error(tree.root_node)
+        return _ts_error(_ts_tree(lang, data, path, previous).root_node)
 
     return parse
+
+
+def _ts_tree(lang: str, data: bytes, path: bytes | None, previous: bytes | None) -> Any:
+    """The tree of ``data``: the one kept for it (another gate of this commit parsed it
+    already), else parsed from the tree kept for ``previous``, else in full; kept."""
+    key = (lang, path or b"")
+    if path is not None:
+        done = _kept.get(key, data)
+        if done is not None:
+            return done
+    old_tree = None
+    if path is not None and previous is not None:
+        kept = _kept.get(key, previous)
+        if kept is not None:
+            old_tree = kept.copy()  # trees are shared between threads: edit a copy
+            _edit(old_tree, previous, data)
+    parser = _ts_parser(lang)
+    tree = parser.parse(data, old_tree) if old_tree is not None else parser.parse(data)
+    if path is not None:
+        _kept.put(key, data, tree, TREE_COST)
+    return tree
+
+
+def trees(path: bytes, old: bytes, new: bytes) -> tuple[Any, Any] | None:
+    """The tree-sitter trees of ``old`` and ``new`` (None for a format without a grammar),
+    for gates that compare definitions: ``old``'s is the one kept for it (or a full parse,
+    not kept), ``new``'s is parsed from it and kept, so the syntax gate after them parses
+    nothing again. Read them only: a kept tree is shared between threads."""
+    lang = language(path)
+    if lang not in _GRAMMARS:
+        return None
+    if lang == "bash":  # outlined, not kept as a tree (_BashOutline): parsed whole
+        return _ts_parser(lang).parse(old), _ts_parser(lang).parse(new)
+    before = _kept.get((lang, path), old)
+    if before is None:
+        before = _ts_parser(lang).parse(old)
+    return before, _ts_tree(lang, new, path, old)
+
+
+def python_pieces(
+    path: bytes, old: bytes, new: bytes
+) -> Iterator[tuple[bytes, int, int, int, list[int]]]:
+    """Where an edit of Python lies, innermost first, from the outline kept for ``old``:
+    (head, a, e, e_new, around) such that ``head + old[a:e]`` is whole statements of
+    ``old`` and ``head + new[a:e_new]`` what the edit made of them (it may not parse: the
+    edit can leave its block); ``around``: where the statements enclosing them begin
+    (``class C(ABC):``, ``def f():``, decorators first), outermost first. Nothing when no
+    outline is kept: parse the files whole."""
+    blocks = _kept.get(("python", path), old)
+    if not blocks:
+        return
+    start, end = _changed(old, new)
+    delta = len(new) - len(old)
+    inside = sorted(
+        (b for b in blocks if b.starts[0] <= start and end <= b.end),
+        key=lambda b: b.end - b.starts[0],
+    )
+    for i, block in enumerate(inside[:3]):
+        a = block.starts[bisect_right(block.starts, start) - 1]
+        k = bisect_left(block.starts, end)
+        e = block.starts[k] if k < len(block.starts) else block.end
+        around = [b.starts[bisect_right(b.starts, start) - 1] for b in reversed(inside[i + 1 :])]
+        yield block.head, a, e, e + delta, around
 
 
 def _edit(tree: Any, old: bytes, new: bytes) -> None:

@@ -117,6 +117,18 @@ min_lines = 10
 mass_ratio = 0.5
 cut_ratio = 0.8
 
+# An implemented body (min_lines lines of code or more) replaced by a stub: pass, ...,
+# raise NotImplementedError, throw new Error("TODO"), a lone TODO comment.
+[gates.stub]
+action = "reject"
+min_lines = 5
+
+# A block of min_lines lines or more repeated word for word that the old file held once
+# (a file pasted twice, a function written out twice).
+[gates.duplication]
+action = "reject"
+min_lines = 8
+
 [gates.syntax]
 action = "reject"
 
@@ -170,6 +182,8 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
 GATE_DEFAULTS: dict[str, dict[str, Any]] = {
     "truncation": {"action": "reject", "min_lines": 20, "min_ratio": 0.3},
     "elision": {"action": "reject", "min_lines": 10, "mass_ratio": 0.5, "cut_ratio": 0.8},
+    "stub": {"action": "reject", "min_lines": 5},
+    "duplication": {"action": "reject", "min_lines": 8},
     "syntax": {"action": "reject"},
     # The risk score's verdict (low, medium, high) at which to warn and to refuse ("off").
     "secrets": {"action": "reject", "warn_at": "medium", "reject_at": "off"},
@@ -247,6 +261,8 @@ RANGES: dict[str, tuple[bool, int, int | None]] = {
     "gates.elision.min_lines": (True, 0, None),
     "gates.elision.mass_ratio": (False, 0, 1),
     "gates.elision.cut_ratio": (False, 0, 1),
+    "gates.stub.min_lines": (True, 1, None),
+    "gates.duplication.min_lines": (True, 2, None),
 }
 
 
