@@ -364,7 +364,8 @@ def variants(
                 _join(lines[:end] + [""] + unit + lines[end:]),
                 True,
             )
-            yield "dup: function written twice at the end", _join([*lines, "", *unit]), True
+            if not _indent_of(lines[b.start]):  # (a method belongs at its class's end)
+                yield "dup: function written twice at the end", _join([*lines, "", *unit]), True
             # A copy renamed with one line changed: what a maintainer does to add a test.
             copy = list(unit)
             name = b.name.split("(")[0]

@@ -932,6 +932,58 @@ def test_repeated_structure_is_not_text_written_twice() -> None:
     )
 
 
+# Setup that tests share, as real test suites repeat it (each line is distinct).
+SETUP = "".join(f"    server{i} = make_server(port={8000 + i}, name='s{i}')\n" for i in range(9))
+
+
+def test_lines_shared_by_different_blocks_are_not_text_written_twice() -> None:
+    # A new test whose setup repeats another test's, in JavaScript and in Python.
+    js_setup = SETUP.replace("    ", "\t").replace("\n", ";\n")
+    one = "test('first', async t => {\n" + js_setup + "\tt.pass();\n});\n"
+    two = one.replace("first", "second").replace("t.pass", "t.true")
+    assert stub_of("test/a.ts", one, one + "\n" + two) is None
+    py = "def test_first():\n" + SETUP + "    assert server1\n"
+    assert stub_of("test_a.py", py, py + "\n\n" + py.replace("first", "second")) is None
+    # The same method in two classes (a method of the same name in each, too).
+    cls = "class IntRange:\n    def convert(self, value):\n" + SETUP.replace("    ", "        ")
+    other = cls.replace("IntRange", "FloatRange")
+    assert stub_of("types.py", cls, cls + "\n\n" + other) is None
+    # ...but a method written twice in its own class is text written twice.
+    method = "    def convert(self, value):\n" + SETUP.replace("    ", "        ") + "\n"
+    assert stub_of("types.py", cls, cls + "\n" + method) == "duplication"
+    # Overloads repeat their signature; two functions' doc comments can be alike.
+    params = "".join(f"    p{i}: int = {i},\n" for i in range(10))
+    impl = "def f(\n" + params + ") -> int:\n    return p0\n"
+    over = "@t.overload\ndef f(\n" + params + ") -> int: ...\n\n\n"
+    assert stub_of("m.py", impl, over + impl) is None
+    doc = "".join(f" * `opt{i}` is option number {i} of the call\n" for i in range(9))
+    fn = "/**\n" + doc + " */\nfunction sendFile(path) {\n  return send(path);\n}\n"
+    alias = fn.replace("sendFile", "sendfile").replace("send(path)", "sendFile(path)")
+    fn = "'use strict'\n\n" + FUNC_JS + "\n" + fn
+    assert stub_of("lib/response.js", fn, fn + "\n" + alias) is None
+
+
+def test_docs_repeat_examples_and_skeletons_but_not_sections() -> None:
+    # An example shown twice in reST; a changelog's empty subsections under a new version.
+    example = "".join(f"    invoke(cli, args=['--opt{i}'])  # try {i}\n" for i in range(9))
+    rst = "Intro\n=====\n\n.. click:run::\n\n" + example + "\nMore text.\n"
+    assert stub_of("docs/a.rst", rst, rst + "\n.. click:run::\n\n" + example) is None
+    subs = "".join(f"Kind {i} of change:\n^^^^^^^^^^^^^^^^^^\n\n*none*\n\n" for i in range(4))
+    old = "Changelog\n=========\n\n1.0 (2017)\n----------\n\n" + subs
+    new = old.replace(
+        "1.0 (2017)", "2.0 (UNRELEASED)\n----------------\n\n" + subs + "\n1.0 (2017)"
+    )
+    assert stub_of("CHANGELOG.rst", old, new) is None
+    # ...a section written twice, its heading and all, is text written twice.
+    section = "## Usage\n\n" + "".join(
+        f"Step {i}: run the tool with flag -{i}.\n" for i in range(9)
+    )
+    md = "# Tool\n\n" + section + "\n## License\n\nMIT\n"
+    assert stub_of("README.md", md, md.replace("## License", section + "\n## License")) == (
+        "duplication"
+    )
+
+
 def test_a_stub_is_refused_through_the_mount_and_allowed_on_purpose(mount: Mount) -> None:
     f = mount.path / "wrap.py"
     f.write_text(WRAP)

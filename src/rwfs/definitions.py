@@ -132,10 +132,15 @@ def _py_defs(
     of its file) that overlap file lines ``lines`` (1-based, inclusive)."""
     out: list[Definition] = []
     srclines = src.split(b"\n")
-    text_of = src.decode("utf-8", "surrogateescape")
 
     def segment(stmt: ast.stmt) -> bytes:
-        return (ast.get_source_segment(text_of, stmt) or "").encode("utf-8", "surrogateescape")
+        # (ast's offsets are in UTF-8 bytes; ast.get_source_segment splits the whole
+        # source at each call)
+        a, b = stmt.lineno - 1, (stmt.end_lineno or stmt.lineno) - 1
+        if a == b:
+            return srclines[a][stmt.col_offset : stmt.end_col_offset]
+        rest = srclines[a + 1 : b] + [srclines[b][: stmt.end_col_offset]]
+        return b"\n".join([srclines[a][stmt.col_offset :], *rest])
 
     def walk(body: list[ast.stmt], names: str, in_abstract: bool) -> None:
         for node in body:

@@ -904,7 +904,7 @@ def stub(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> Find
 
 # ---- duplication ----
 
-_HEADING = re.compile(rb"#{1,6}\s|[=-]{3,}$")  # Markdown: an ATX heading, a setext rule
+_HEADING = re.compile(rb"#{1,6}\s|([=~^-])\1{2,}$")  # an ATX heading; a setext or reST rule
 _OPENER = re.compile(rb".*(?:[{:\[(=]|=>|\bdo|\bthen)$")
 _TEXT_SUFFIXES = (b".md", b".markdown", b".mdx", b".txt", b".rst")
 
@@ -1004,9 +1004,21 @@ def _reused(
     sig: re.Pattern[bytes] | None,
 ) -> bool:
     """Whether two copies of ``size`` non-blank lines (from ``p`` and ``q``) are a block
-    reused, not a block written twice: each is the body of a header of its own, or ends a
-    block of its own (a copied body edited above), or (in a format rwfs parses) no line
-    of theirs begins a definition at their least indent (statements, not definitions)."""
+    reused, not a block written twice: in docs, a repeat that holds no heading (an example
+    shown twice); in code, copies in two different blocks (two tests' setup, a method of
+    two classes), an overload's signature, the bodies of headers of their own, the ends
+    of blocks of their own (a copied body edited above), or (in a format rwfs parses)
+    copies of which no line begins a definition at their least indent (statements)."""
+    if text:
+        held = _section(lines, rows, p, size)
+        return held is None or held != _section(lines, rows, q, size)
+    if all(_COMMENTED.match(lines[rows[j]]) for j in range(p, p + size)):
+        return True  # two definitions' comments alike: their code is not
+    if _enclosing(lines, rows, p, size) != _enclosing(lines, rows, q, size):
+        return True
+    start = rows[p - 1] if p else 0
+    if any(_OVERLOAD.match(x) for x in lines[start : rows[q + size - 1]]):
+        return True
     if p > 0 and q > p + size and _headed(lines, rows, p, text) and _headed(lines, rows, q, text):
         return True
     if _tail(lines, rows, p, size) and _tail(lines, rows, q, size):
@@ -1019,6 +1031,62 @@ def _reused(
         and (unit.match(lines[rows[j]]) or (sig is not None and sig.match(lines[rows[j]])))
         for j in range(p, p + size)
     )
+
+
+_OVERLOAD = re.compile(rb"\s*@[\w.]*overload\b")
+_COMMENTED = re.compile(rb"\s*(?:#|//|/\*|\*(?:\s|/|$))")
+
+
+def _level(lines: list[bytes], rows: list[int], j: int, styles: list[bytes]) -> int | None:
+    """The level of non-blank line ``j`` as a heading (an ATX heading: its ``#``s; a title
+    underlined by a setext or reST rule: its rule's rank among the file's rules so far,
+    ``styles``, which it extends), or None."""
+    line = lines[rows[j]].rstrip()
+    if line.startswith(b"#"):
+        return len(line) - len(line.lstrip(b"#")) if _HEADING.match(line) else None
+    if not (j + 1 < len(rows) and rows[j + 1] == rows[j] + 1 and line.strip()):
+        return None
+    rule = lines[rows[j + 1]].rstrip()
+    if _HEADING.match(rule) is None or rule.startswith(b"#") or len(rule) < len(line) // 2:
+        return None
+    if rule[:1] not in styles:
+        styles.append(rule[:1])
+    return 10 + styles.index(rule[:1])
+
+
+def _section(lines: list[bytes], rows: list[int], j: int, size: int) -> bytes | None:
+    """For a copy of ``size`` non-blank lines from ``j`` in docs: None when it holds no
+    heading (an example shown twice, a list's items); otherwise the title of the section
+    that holds it, the nearest heading above it of a level above its own headings' (two
+    versions' sections in a changelog each hold their "Changes" subsection)."""
+    styles: list[bytes] = []
+    levels = [_level(lines, rows, i, styles) for i in range(j + size)]
+    own = [x for x in levels[j:] if x is not None]
+    if not own:
+        return None
+    top = min(own)
+    for i in range(j - 1, -1, -1):
+        level = levels[i]
+        if level is not None and level < top:
+            return lines[rows[i]].strip()
+    return b""
+
+
+def _enclosing(lines: list[bytes], rows: list[int], j: int, size: int) -> list[bytes]:
+    """The headers of the blocks that hold the copy of ``size`` non-blank lines from ``j``,
+    innermost first: each, the nearest line above the last less indented than it (a
+    header's last line, ``):``, stands for the line that began it)."""
+    least = min(_indent(lines[rows[i]]) for i in range(j, j + size))
+    out = []
+    for i in range(j - 1, -1, -1):
+        line = lines[rows[i]]
+        if _indent(line) < least:
+            least = _indent(line)
+            if line.lstrip()[:1] in b")]}":
+                least += 1  # its first line is above, as indented
+            else:
+                out.append(line.strip())
+    return out
 
 
 def _tail(lines: list[bytes], rows: list[int], j: int, size: int) -> bool:
