@@ -1004,3 +1004,31 @@ def test_a_stub_is_refused_through_the_mount_and_allowed_on_purpose(mount: Mount
     assert write(f, stubbed) is None and f.read_text() == stubbed  # allowed, once
     (allowed,) = [e for e in events(mount, "write") if e.get("allowed")]
     assert [w["gate"] for w in allowed["allowed"]["waived"]] == ["stub"]
+
+
+def _module(n: int) -> str:
+    """A CommonJS module: ``n`` functions assigned to ``exports``, of 15 lines each."""
+    return "var path = require('path');\n\n" + "\n".join(
+        f"/**\n * Helper {i}.\n */\n\nexports.helper{i} = function(value) {{\n"
+        + "".join(f"  value = path.join(value, '{i}.{j}');\n" for j in range(8))
+        + "  return value;\n};\n"
+        for i in range(n)
+    )
+
+
+def test_the_last_definition_assigned_or_a_block_deleted_is_no_cut() -> None:
+    # The last function assigned to exports deleted, with its comment.
+    big = _module(1) + "\n/**\n * Mixin.\n */\n\nexports.mixin = function(a, b) {\n"
+    big += "".join(f"  a['k{i}'] = b['k{i}'];\n" for i in range(30)) + "  return a;\n};\n"
+    assert gated("lib/utils.js", big, _module(1)) == []
+    # A block (a call given a function: deprecated stubs made in a loop) deleted.
+    stubs = "".join(f"  'name{i}',\n" for i in range(24))
+    loop = f"\n[\n{stubs}].forEach(function (name) {{\n  exports[name] = function () {{\n"
+    loop += "    throw new Error(name + ' is gone');\n  };\n});\n"
+    assert gated("lib/express.js", _module(2) + loop, _module(2)) == []
+    # Cut off at a definition, three of them gone, or inside the last one: refused.
+    many = _module(6)
+    ms = many.split("\n")
+    three = ms.index("exports.helper3 = function(value) {") - 4
+    assert gated("lib/utils.js", many, "\n".join(ms[:three]) + "\n") == ["truncation"]
+    assert "truncation" in gated("lib/utils.js", big, big[: big.index("  a['k9']")])

@@ -115,6 +115,81 @@ def _members(path: bytes, text: bytes) -> list[str] | None:
     return [c.type for c in body.named_children if "comment" not in c.type]
 
 
+# What JavaScript defines without a declaration: a function or class assigned
+# (``exports.f = function``, ``C.prototype.m = …``).
+_FUNCTION_VALUE = frozenset(
+    ("function_expression", "function", "arrow_function", "generator_function", "class")
+)
+_SCRIPTS = ("javascript", "typescript", "tsx")
+# Formats whose whole statements close every bracket they open (strings and comments aside).
+_BRACED = (*_SCRIPTS, "java", "go", "c", "cpp")  # (Rust: a lifetime is no quote)
+_PAIRS = ((b"{", b"}"), (b"(", b")"), (b"[", b"]"))
+_QUOTED = re.compile(
+    rb"'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\"|`(?:\\.|[^`\\])*`|//[^\n]*|/\*.*?\*/", re.S
+)
+
+
+def _shape(node: Any) -> tuple[str, bytes]:
+    """What a top-level JavaScript statement is to the truncation gate: ``definition``
+    (declared, or a function or class assigned), ``block`` and its callee (a call
+    whose last argument is a function: ``describe(…, function () {…})``, ``it(…)``,
+    ``names.forEach(function…)``: a test, a callback run once) or ``other``."""
+    if _DEFINITION.search(node.type):
+        return "definition", b""
+    if node.type != "expression_statement" or not node.named_children:
+        return "other", b""
+    expr = node.named_children[0]
+    if expr.type == "assignment_expression":
+        right = expr.child_by_field_name("right")
+        if right is not None and right.type in _FUNCTION_VALUE:
+            return "definition", b""
+    elif expr.type == "call_expression":
+        args = expr.child_by_field_name("arguments")
+        callee = expr.child_by_field_name("function")
+        given = [a for a in args.named_children if "comment" not in a.type] if args else []
+        if callee is not None and given and given[-1].type in _FUNCTION_VALUE:
+            return "block", callee.text or b""
+    return "other", b""
+
+
+def _shapes(path: bytes, text: bytes) -> list[tuple[str, bytes]] | None:
+    """The top-level statements of ``text`` (lines of the old file, dedented) as the
+    truncation gate sees them (``_shape``; Python's and the other formats' by their kind
+    alone), when they parse on their own in the path's format (a method in a class), or
+    None."""
+    lang = parsers.language(path)
+    if lang in _SCRIPTS:
+        root = parsers._ts_parser(lang).parse(text).root_node
+        if not root.has_error:
+            return [_shape(c) for c in root.named_children if "comment" not in c.type]
+    else:
+        kinds = parsers.statements(path, text)
+        if kinds is not None:
+            return [("definition" if _DEFINITION.search(k) else "other", b"") for k in kinds]
+    if lang in _CLASSY:
+        members = _members(path, text)  # a method, which stands only in a class
+        if members is not None:
+            return [("definition" if _DEFINITION.search(k) else "other", b"") for k in members]
+    return None
+
+
+def _deleted(path: bytes, lines: list[bytes], new: bytes) -> bool:
+    """Whether ``lines`` of the old file, gone, are a deletion, not a cut: one whole
+    definition or block. And ``new`` parses."""
+    raw = b"\n".join(lines)
+    if parsers.language(path) in _BRACED:
+        code = _QUOTED.sub(b"", raw)
+        if any(code.count(a) != code.count(b) for a, b in _PAIRS):
+            return False  # not whole statements: a quick answer, before any parse
+    text = textwrap.dedent(raw.decode("utf-8", "surrogateescape"))
+    shapes = _shapes(path, text.encode("utf-8", "surrogateescape"))
+    if not shapes:
+        return False
+    if len(shapes) > 1 or shapes[0][0] == "other":
+        return False
+    return parsers.statements(path, new) is not None
+
+
 def _closed(path: bytes, was: bytes, cut: bytes | None, rest: list[bytes], new: bytes) -> bool:
     """JSON: whether the lines after the kept ones only close what is open (``cut``: the
     old line ``was`` with its comma dropped, the last kept entry) and the new text
@@ -134,8 +209,9 @@ def truncation(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -
 
     Lines are compared without their line ends and trailing whitespace, and a short tail
     of debris after the kept lines (see ``_debris``) does not hide the cut. A tail that
-    is one whole definition (the last function or class, deleted) and leaves a file that
-    parses is not a cut."""
+    is one whole definition (the last function or class, deleted; in JavaScript also a
+    function assigned or a block, ``_shape``) and leaves a file that parses is not a
+    cut."""
     min_lines, min_ratio = cfg["min_lines"], cfg["min_ratio"]
     # A quick count first: more than min_lines lines lost shows in the count of line ends.
     if old.count(b"\n") - new.rstrip().count(b"\n") + _TAIL_LINES <= min_lines:
@@ -153,17 +229,18 @@ def truncation(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -
     lost = len(before) - kept
     if lost <= min_lines or lost / max(len(before), 1) <= min_ratio:
         return None
-    if not tail and not partial and _one_definition(path, old.split(b"\n")[kept:], new):
+    if not tail and not partial and _deleted(path, old.split(b"\n")[kept:], new):
         return None  # the last definition deleted, and the file is whole without it
     if not tail and not partial and _pruned(path, old, new):
         return None  # the last tests of a family deleted, the rest of the file kept
     if _closed(path, before[kept], after[kept] if partial else None, tail, new):
         return None  # a data file's last entries deleted, and its brackets closed
-    return Finding(
-        "truncation",
+    said = (
         f"the new text is the old text cut off after line {kept}: its last "
-        f"{lost} of {len(before)} lines are gone",
-        {"line": kept + 1, "lines_lost": lost, "lines_before": len(before)},
+        f"{lost} of {len(before)} lines are gone"
+    )
+    return Finding(
+        "truncation", said, {"line": kept + 1, "lines_lost": lost, "lines_before": len(before)}
     )
 
 
