@@ -1006,6 +1006,52 @@ def test_a_stub_is_refused_through_the_mount_and_allowed_on_purpose(mount: Mount
     assert [w["gate"] for w in allowed["allowed"]["waived"]] == ["stub"]
 
 
+def _mocha(groups: int, tests: int, size: int = 4) -> str:
+    """A mocha test file: one describe holding ``groups`` describes of ``tests`` tests,
+    each of ``size`` lines and six more."""
+
+    def test(g: int, t: int, ind: str) -> str:
+        body = "".join(f"{ind}  var v{i} = thing.run({g}, {t}, {i});\n" for i in range(size))
+        return (
+            f"{ind}it('should work in case {g}.{t}', function(done){{\n"
+            f"{ind}  var app = express();\n{body}"
+            f"{ind}  request(app)\n{ind}  .get('/')\n{ind}  .expect(200, done);\n{ind}}})\n"
+        )
+
+    blocks = "\n".join(
+        f"  describe('.part{g}()', function(){{\n"
+        + "\n".join(test(g, t, "    ") for t in range(tests))
+        + "  })\n"
+        for g in range(groups)
+    )
+    head = "var express = require('../');\nvar thing = require('./thing');\n\n"
+    return f"{head}describe('thing', function(){{\n{blocks}}})\n"
+
+
+def test_the_last_tests_of_a_describe_deleted_are_no_cut() -> None:
+    # The last two describes of the enclosing one deleted: the new text ends as the old
+    # one did (its "})"), and describes are kept there: tests pruned.
+    old = _mocha(4, 2)
+    lines = old.split("\n")
+    last = lines.index("  describe('.part2()', function(){")
+    assert gated("test/thing.js", old, "\n".join(lines[: last - 1] + lines[-2:])) == []
+    # The last test of a describe deleted, the closing lines of both describes kept.
+    one = _mocha(1, 2, size=14)
+    ls = one.split("\n")
+    second = ls.index("    it('should work in case 0.1', function(done){")
+    assert gated("test/thing.js", one, "\n".join(ls[: second - 1] + ls[-3:])) == []
+    # Cut off there (the old end not kept), or inside a test with the old end written
+    # after it: refused.
+    assert "truncation" in gated("test/thing.js", old, "\n".join(lines[: last - 1]) + "\n")
+    assert "truncation" in gated("test/thing.js", old, "\n".join(lines[: last + 3] + lines[-2:]))
+    # Blocks of a callee with no call kept there (all of its family gone) are refused.
+    other = old.replace("  describe('.part2", "  context('.part2").replace(
+        "  describe('.part3", "  context('.part3"
+    )
+    os_ = other.split("\n")
+    assert gated("test/thing.js", other, "\n".join(os_[: last - 1] + os_[-2:])) == ["truncation"]
+
+
 def _module(n: int) -> str:
     """A CommonJS module: ``n`` functions assigned to ``exports``, of 15 lines each."""
     return "var path = require('path');\n\n" + "\n".join(

@@ -173,9 +173,11 @@ def _shapes(path: bytes, text: bytes) -> list[tuple[str, bytes]] | None:
     return None
 
 
-def _deleted(path: bytes, lines: list[bytes], new: bytes) -> bool:
+def _deleted(path: bytes, lines: list[bytes], new: bytes, kept: list[bytes] | None) -> bool:
     """Whether ``lines`` of the old file, gone, are a deletion, not a cut: one whole
-    definition or block. And ``new`` parses."""
+    definition or block, or (``kept``: the lines the new text kept before them, when it
+    kept the old file's end too) blocks of callees that each keep a call at the same
+    indentation there: the last tests of a ``describe`` deleted. And ``new`` parses."""
     raw = b"\n".join(lines)
     if parsers.language(path) in _BRACED:
         code = _QUOTED.sub(b"", raw)
@@ -186,7 +188,19 @@ def _deleted(path: bytes, lines: list[bytes], new: bytes) -> bool:
     if not shapes:
         return False
     if len(shapes) > 1 or shapes[0][0] == "other":
-        return False
+        if kept is None or not all(kind == "block" for kind, _ in shapes):
+            return False
+        # Tests pruned: each callee keeps a call in the block that held them (its kept
+        # lines: back to the last kept line indented less), at their indentation.
+        first = next(x for x in lines if x.strip())
+        indent = first[: len(first) - len(first.lstrip())]
+        start = len(kept)
+        while start and (not kept[start - 1].strip() or kept[start - 1].startswith(indent)):
+            start -= 1
+        block = [x for x in kept[start:] if x.startswith(indent)]
+        for callee in {callee for _, callee in shapes}:
+            if not any(x.startswith(indent + callee + b"(") for x in block):
+                return False  # a family gone whole: more than tests pruned
     return parsers.statements(path, new) is not None
 
 
@@ -210,8 +224,9 @@ def truncation(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -
     Lines are compared without their line ends and trailing whitespace, and a short tail
     of debris after the kept lines (see ``_debris``) does not hide the cut. A tail that
     is one whole definition (the last function or class, deleted; in JavaScript also a
-    function assigned or a block, ``_shape``) and leaves a file that parses is not a
-    cut."""
+    function assigned or a block, ``_shape``) and leaves a file that parses is not a cut;
+    nor are lines gone before the old file's own last lines, kept (the closing lines of
+    the block that held them), that are one such definition or tests pruned."""
     min_lines, min_ratio = cfg["min_lines"], cfg["min_ratio"]
     # A quick count first: more than min_lines lines lost shows in the count of line ends.
     if old.count(b"\n") - new.rstrip().count(b"\n") + _TAIL_LINES <= min_lines:
@@ -229,8 +244,14 @@ def truncation(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -
     lost = len(before) - kept
     if lost <= min_lines or lost / max(len(before), 1) <= min_ratio:
         return None
-    if not tail and not partial and _deleted(path, old.split(b"\n")[kept:], new):
+    if not tail and not partial and _deleted(path, old.split(b"\n")[kept:], new, None):
         return None  # the last definition deleted, and the file is whole without it
+    ends = len(before) - len(tail)
+    if tail and not partial and ends > kept and before[ends:] == tail:
+        # The new text ends as the old one did (the closing lines of a block that held the
+        # lines gone): they went from inside it, the file is not cut off.
+        if _deleted(path, old.split(b"\n")[kept:ends], new, after[:kept]):
+            return None
     if not tail and not partial and _pruned(path, old, new):
         return None  # the last tests of a family deleted, the rest of the file kept
     if _closed(path, before[kept], after[kept] if partial else None, tail, new):
