@@ -1078,3 +1078,26 @@ def test_the_last_definition_assigned_or_a_block_deleted_is_no_cut() -> None:
     three = ms.index("exports.helper3 = function(value) {") - 4
     assert gated("lib/utils.js", many, "\n".join(ms[:three]) + "\n") == ["truncation"]
     assert "truncation" in gated("lib/utils.js", big, big[: big.index("  a['k9']")])
+
+
+def test_an_emptied_file_is_refused_and_says_so() -> None:
+    from rwfs import gates
+    from rwfs.policy import Policy
+
+    old = _module(3).encode()
+    for new in (b"", b"\n", b"\n\n"):
+        found = gates.truncation(old, new, Policy().gate("truncation", b"t.js"), b"t.js")
+        assert found is not None and "is empty" in found.message, new
+    # Docs cut to their title: refused too (a cut at a heading looks the same).
+    doc = "API\n===\n\n" + "".join(f"Part {i}\n------\n\nText {i}.\n\n" for i in range(10))
+    assert "truncation" in gated("docs/api.rst", doc, "API\n===\n")
+
+
+def test_an_emptied_file_refusal_names_the_allowance(mount: Mount) -> None:
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    assert refused_by(mount, f, "", REAL) == {"truncation"}
+    env = envelope(mount)
+    assert "is empty" in env["message"]
+    assert env["allow"]["command"] == f"rwfs allow {mount.path}/decoder.py"
+    assert env["allow"]["command"] in env["message"]

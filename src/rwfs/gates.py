@@ -256,10 +256,15 @@ def truncation(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -
         return None  # the last tests of a family deleted, the rest of the file kept
     if _closed(path, before[kept], after[kept] if partial else None, tail, new):
         return None  # a data file's last entries deleted, and its brackets closed
-    said = (
-        f"the new text is the old text cut off after line {kept}: its last "
-        f"{lost} of {len(before)} lines are gone"
-    )
+    if not after:
+        # Emptied: what a writer that opened the file and never wrote leaves, too. Never
+        # let through: only the writer can say that it is meant (``rwfs allow``).
+        said = f"the new text is empty: all {lost} lines of the old file are gone"
+    else:
+        said = (
+            f"the new text is the old text cut off after line {kept}: its last "
+            f"{lost} of {len(before)} lines are gone"
+        )
     return Finding(
         "truncation", said, {"line": kept + 1, "lines_lost": lost, "lines_before": len(before)}
     )
