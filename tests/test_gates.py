@@ -692,6 +692,12 @@ def test_pruning_most_tests_keeps_the_file_whole() -> None:
     # A fragment kept (the fixture gone too) is still refused.
     fragment = "import pytest\n\n\n" + tests.split("\n\n\ndef test_case_3(")[0] + "\n"
     assert gated("test_m.py", old, fragment) != []
+    # A write cut off at a test, or inside one, is a cut: what is gone is the file's end.
+    old = fixtures + tests
+    at_a_test = old.split("\n\n\ndef test_case_20(")[0] + "\n"
+    assert gated("test_m.py", old, at_a_test) == ["truncation"]
+    inside = old.split("    x = sum(data) + 20\n")[0] + "    x = sum(data) + 20\n"
+    assert gated("test_m.py", old, inside) == ["truncation"]
 
 
 def test_a_stand_in_refusal_names_the_allowance(mount: Mount) -> None:

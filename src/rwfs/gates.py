@@ -252,8 +252,6 @@ def truncation(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -
         # lines gone): they went from inside it, the file is not cut off.
         if _deleted(path, old.split(b"\n")[kept:ends], new, after[:kept]):
             return None
-    if not tail and not partial and _pruned(path, old, new):
-        return None  # the last tests of a family deleted, the rest of the file kept
     if _closed(path, before[kept], after[kept] if partial else None, tail, new):
         return None  # a data file's last entries deleted, and its brackets closed
     if not after:
@@ -663,6 +661,8 @@ def _pruned(path: bytes, old: bytes, new: bytes) -> bool:
                     if not families[_family(s.name)]:
                         return False  # a function gone with all of its family
                     pruned += 1
+                elif ast.dump(s) != ast.dump(kept[s.name]):
+                    return False  # a function kept, but changed: cut inside it
             else:
                 key = ast.dump(s)
                 if not others[key]:
