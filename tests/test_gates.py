@@ -948,6 +948,12 @@ def test_lines_shared_by_different_blocks_are_not_text_written_twice() -> None:
     one = "test('first', async t => {\n" + js_setup + "\tt.pass();\n});\n"
     two = one.replace("first", "second").replace("t.pass", "t.true")
     assert stub_of("test/a.ts", one, one + "\n" + two) is None
+    # ...also when the test's name is on a line of its own (a formatter's wrapping).
+    consts = SETUP.replace("    server", "    const server").replace(")\n", ");\n")
+    wrapped = "test(\n  'first',\n  () => {\n    const a = 'first';\n" + consts
+    wrapped += "    expect(a).toBe('first');\n  },\n);\n"
+    again = wrapped.replace("first", "second")
+    assert stub_of("test/b.test.js", wrapped, wrapped + "\n" + again) is None
     py = "def test_first():\n" + SETUP + "    assert server1\n"
     assert stub_of("test_a.py", py, py + "\n\n" + py.replace("first", "second")) is None
     # The same method in two classes (a method of the same name in each, too).

@@ -1180,7 +1180,8 @@ def _enclosing(lines: list[bytes], rows: list[int], j: int, size: int) -> list[b
     innermost first: each, the nearest line above the last less indented than it (a
     header's last line, ``):``, stands for the line that began it)."""
     least = min(_indent(lines[rows[i]]) for i in range(j, j + size))
-    out = []
+    out: list[bytes] = []
+    head = -1  # the non-blank line that began the last header found
     for i in range(j - 1, -1, -1):
         line = lines[rows[i]]
         if _indent(line) < least:
@@ -1189,6 +1190,10 @@ def _enclosing(lines: list[bytes], rows: list[int], j: int, size: int) -> list[b
                 least += 1  # its first line is above, as indented
             else:
                 out.append(line.strip())
+                head = i
+        elif i == head - 1 and _indent(line) == least and line.rstrip()[-1:] in b"(,[":
+            out[-1] = line.strip() + out[-1]  # a call's arguments, one a line: its header
+            head = i
     return out
 
 
