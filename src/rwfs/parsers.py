@@ -106,12 +106,22 @@ def _common_prefix(a: bytes, b: bytes, limit: int | None = None) -> int:
     return lo
 
 
+# The last answer of _changed: every gate of one commit asks it of the same two texts.
+_last_change: tuple[bytes, bytes, tuple[int, int]] = (b"", b"", (0, 0))
+
+
 def _changed(old: bytes, new: bytes) -> tuple[int, int]:
     """(start, end) of the span of ``old`` an edit replaced: between the common prefix
     and the common suffix. The new bytes of that span end at ``end + len(new) - len(old)``."""
+    global _last_change
+    a, b, span = _last_change
+    if a is old and b is new:
+        return span
     start = _common_prefix(old, new)
     limit = min(len(old), len(new)) - start
-    return start, len(old) - _common_prefix(old[::-1], new[::-1], limit)
+    span = start, len(old) - _common_prefix(old[::-1], new[::-1], limit)
+    _last_change = (old, new, span)
+    return span
 
 
 def _line_starts(data: bytes) -> list[int]:
