@@ -457,6 +457,16 @@ def cmd_batch(a: argparse.Namespace) -> int:
     return 0
 
 
+def _listing(items: list[dict[str, Any]], as_json: bool, none: str, line: str) -> int:
+    """Print a verb's list: one JSON object a line, or ``line`` filled from each item, or
+    ``rwfs: NONE`` when there is nothing to list."""
+    for item in items:
+        print(json.dumps(item) if as_json else line.format_map(item))
+    if not items and not as_json:
+        print(f"rwfs: {none}")
+    return 0
+
+
 def cmd_conflicts(a: argparse.Namespace) -> int:
     mount = _mount_of(a.directory or ".")
     top = _control(mount, "conflicts")
@@ -465,14 +475,7 @@ def cmd_conflicts(a: argparse.Namespace) -> int:
             json.loads(_read(os.path.join(top, cid, "info")))
             for cid in sorted(os.listdir(top), key=int)
         ]
-        for info in infos:
-            if a.json:
-                print(json.dumps(info))
-            else:
-                print(f"{info['id']}\t{info['path']}\tbatch {info['batch']}\t{info['reason']}")
-        if not infos and not a.json:
-            print("rwfs: no open conflicts")
-        return 0
+        return _listing(infos, a.json, "no open conflicts", "{id}\t{path}\tbatch {batch}\t{reason}")
     if a.id is None or (a.action == "resolve") != (a.how is not None):
         raise QuietError(
             "use: rwfs conflicts [show ID | resolve ID keep-actual|take-intended|resolved]", 2
@@ -604,14 +607,7 @@ def cmd_allow(a: argparse.Namespace) -> int:
             raise QuietError(
                 "only the workspace's owner (or root) may list the allowances (.rw/allowed)"
             ) from None
-        for item in listed:
-            if a.json:
-                print(json.dumps(item))
-            else:
-                print(f"{item['path']}\tuid {item['uid']}\tuntil {item['expires']}")
-        if not listed and not a.json:
-            print("rwfs: no allowances")
-        return 0
+        return _listing(listed, a.json, "no allowances", "{path}\tuid {uid}\tuntil {expires}")
     from .run import mount_workspace
 
     tops = [mount] + [w for w in (mount_workspace(mount),) if w and w != mount]
