@@ -182,8 +182,14 @@ def test_the_ctl_form_cancelling_and_bad_input(mount: Mount) -> None:
         assert res.stderr.startswith("rwfs: Nothing was allowed"), (path, res.stderr)
     assert allowed(m) == []
 
+    assert rwfs("allow", cwd=m.path).stdout == "rwfs: no allowances\n"
     ctl(m, "allow ./-dash.txt sub/new.txt\n")  # a name that could be made is fine too
     assert sorted(a["path"] for a in allowed(m)) == ["-dash.txt", "sub/new.txt"]
+    listed = rwfs("allow", cwd=m.path).stdout.splitlines()
+    assert sorted(x.split("\t")[:2] for x in listed) == [
+        ["-dash.txt", "uid 0"],
+        ["sub/new.txt", "uid 0"],
+    ]
     res = rwfs("allow", "--cancel", "--", "-dash.txt", "sub/new.txt", cwd=m.path)
     assert res.returncode == 0, res.stderr
     assert allowed(m) == []
