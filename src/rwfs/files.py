@@ -46,7 +46,10 @@ a rename of its new file (``rename_virtual``, gated like ``gate_rename`` onto a 
 mount shows), and EXDEV for any other rename a batch would have to take
 (``batch_rename``). A held draft that ends while descriptors are open on it is let go, not
 dropped (``letting_go``). A removal is remembered for a while (``path_removed``): a new
-file made there is gated as a save of the removed one (``_recreated``).
+file made there is gated as a save of the removed one (``_recreated``). So is a commit that
+is an explicit truncation alone (``cuts``, ``_keep_cut``): the same user's next write of
+the file (or a rename onto it) is gated against the bytes from before it
+(``_cut_before``), and a refusal puts those back (``_put_back``).
 
 Meanwhile a path may be renamed (``Inode.paths`` moves), unlinked (no path left: the
 seal's result is dropped, ``orphan_stage``; descriptors still open keep the stage until
@@ -115,7 +118,7 @@ from . import faults
 from .allowances import Allowance
 from .batches import COMMITTING, Batches
 from .inodes import Inode, InodeTable
-from .objects import EMPTY_DIGEST, open_regular
+from .objects import EMPTY_DIGEST, copy_fd, open_regular
 from .workspace import (
     _LIMIT,
     Commit,
@@ -134,7 +137,8 @@ from .workspace import (
 READS_MAX = 100_000
 GONE_MAX = 256
 # A new file made where the same user removed a journaled file this many seconds before is
-# a save of that file (Files._recreated); at most REMOVED_MAX removals are remembered.
+# a save of that file (Files._recreated); at most REMOVED_MAX removals are remembered. The
+# same window and bound serve a write after an explicit truncation (Files._cut_before).
 RECREATE_S = 10.0
 REMOVED_MAX = 64
 
@@ -220,6 +224,20 @@ class Removed:
 
 
 @dataclass(eq=False, slots=True)
+class Cut:
+    """A file cut short by an explicit truncation alone (truncate(2), ftruncate(2), no
+    write), for ``Files._cut_before``: a descriptor of its bytes before the cut, who cut
+    it, when, the commits of the cut (the path's last) and the digest it left."""
+
+    fd: int
+    uid: int
+    at: float  # time.monotonic()
+    commits: list[Commit]  # the cut's, and those of later cuts by the same user
+    intended: str
+    earlier: list[Commit]  # queued at the path before the cut, to land before it
+
+
+@dataclass(eq=False, slots=True)
 class ReadAt:
     """The file a process last opened to read at a path: its inode and version. Once the
     path stops naming that file (``replaced``), the digest the process read if it is
@@ -255,6 +273,8 @@ class Files:
         self.hidden: set[bytes] = set()  # paths an open batch deletes: gone from the view
         # path -> the journaled file a save removed there, for a while (_recreated).
         self.removed: dict[bytes, Removed] = {}
+        # path -> its bytes before an explicit truncation, while that is its last commit.
+        self.cuts: dict[bytes, Cut] = {}
         # Files removed (their bytes kept as objects) since the disk last filled up.
         self.removals = 0
         # A write went through at its commit point (path, intended, its commit; None for a
@@ -291,6 +311,7 @@ class Files:
 
     def committed(self, c: Commit) -> None:
         """Called by the committer (on the loop) once a queued commit is settled."""
+        self._cut_landed(c)
         inode: Inode | None = c.owner
         if c.intended is None:  # a batch's deletion (or a restore's), committed or dropped
             self.hidden.discard(c.path)
@@ -670,6 +691,7 @@ class Files:
                 if removed is not None:
                     os.close(removed)
                 raise
+            removed = self._cut_removed(path, who, removed)
             if removed is not None:
                 self.path_removed(path, who, removed)
             if incoming is not None:
@@ -835,6 +857,10 @@ class Files:
                     os.close(fd)
             raise
         self.forget_removed(dst)
+        if exchange:
+            self._drop_cut(src)
+        else:
+            removed = self._cut_removed(src, who, removed)
         if removed is not None:
             self.path_removed(src, who, removed)
         if incoming is not None:
@@ -1125,15 +1151,23 @@ class Files:
         and a refusal fails the rename() with both files as they were. ``src_fd``,
         ``dst_fd``: the bytes the mount shows there when the tree does not hold them yet
         (a commit still queued). Returns the writer's allowance of ``dst`` this rename used
-        (``taken``: the one it used when it was gated before, applied again)."""
+        (``taken``: the one it used when it was gated before, applied again). Onto a file
+        the same user just cut by an explicit truncation, the moved bytes are judged
+        against the bytes from before the cut (``_cut_before``), and a refusal puts those
+        back at ``dst``."""
         how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
         def shown(fd: int, path: bytes) -> int:
             return os.dup(fd) if fd >= 0 else os.open(path, how, dir_fd=self.ws.root_fd)
 
+        cut = self.cuts.get(dst)
+        if cut is not None and (
+            not self._cut_stands(cut, who) or self.batches.for_writer(who) is not None
+        ):
+            cut = None
         new_fd = shown(src_fd, src)
         try:
-            old_fd = shown(dst_fd, dst)
+            old_fd = os.dup(cut.fd) if cut is not None else shown(dst_fd, dst)
             try:
                 findings = await self.ws.run_gates(dst, old_fd, new_fd)
                 findings, taken = self.ws.let_through(dst, who, findings, taken)
@@ -1143,6 +1177,8 @@ class Files:
                     # The writer names its temporary (sed: "cannot rename sedX: Bad
                     # message"): why/ has the envelope under that name too.
                     err.envelope["source"] = fsdecode(src)
+                    if cut is not None:
+                        await self._cut_put_back(dst, cut, expected, who, err)
                     raise err
             finally:
                 os.close(old_fd)
@@ -1162,9 +1198,12 @@ class Files:
                 self.orphan_stage(inode)
                 return
             stage.sealed = True  # atomic: set before the first await, so writers wait
-            removed = self._recreated(inode, stage, ctx_info)
+            removed, cut = self._recreated(inode, stage, ctx_info), False
+            if removed is None:
+                removed = self._cut_before(inode, stage, ctx_info)
+                cut = removed is not None
             try:
-                await self._sealed(inode, stage, ctx_info, wait, removed)
+                await self._sealed(inode, stage, ctx_info, wait, removed, cut)
             finally:
                 if removed is not None:
                     os.close(removed)
@@ -1176,9 +1215,12 @@ class Files:
         ctx_info: dict[str, Any],
         wait: bool,
         removed: int | None,
+        cut: bool = False,
     ) -> None:
         """``commit`` of a sealed stage, under ``inode.lock``. ``removed``: a descriptor of
-        the bytes of the file a save by removal and re-creation removed (``_recreated``)."""
+        the bytes of the file a save by removal and re-creation removed (``_recreated``),
+        or (``cut``) of the file's bytes before the explicit truncation this write follows
+        (``_cut_before``): the gates judge against them, and a refusal puts them back."""
         # The gates judge the new bytes against what the mount showed: the tree's file,
         # or the draft of it an open batch holds. A new (empty) file has nothing a write
         # could break: only the secrets gate has something to look at. They judge
@@ -1206,8 +1248,11 @@ class Files:
         path = inode.path
         held = self.held(inode)
         shown, base_fd = self._shown(inode, held, stage)
-        if removed is not None and held is None:
-            base_fd = removed
+        # What the gates judge against: the removed file's bytes (which the new file's
+        # stands for), or the bytes from before the truncation, not the tree's file.
+        judged = removed if removed is not None and held is None else base_fd
+        if not cut:
+            base_fd = judged
         if held is not None and intended in (held.intended, stage.expected):
             # The batch's draft again, or the batch's base again (no change left).
             self.ws.drop_stage(stage)
@@ -1241,17 +1286,21 @@ class Files:
         if stage.written and (path != gated or held is not held_before):
             # Renamed during the seal, or the batch ended meanwhile: gate it as what it
             # is now, against what the mount shows now.
-            findings = await self.ws.run_gates(path, base_fd, stage.fd, stage.cut_last)
+            findings = await self.ws.run_gates(path, judged, stage.fd, stage.cut_last)
         # The writer's allowance of this path, if it has one, is used up here and waives
-        # what it may (allowances.py). Within a batch it goes with the batch's change.
-        findings, allowance = self.ws.let_through(path, ctx_info, findings)
+        # what it may (allowances.py). Within a batch it goes with the batch's change. Not
+        # by a truncation alone, never judged: it waits for the write after it, which is
+        # judged against the bytes from before the cut (``_cut_before``).
+        allowance = None
+        if stage.written:
+            findings, allowance = self.ws.let_through(path, ctx_info, findings)
         if allowance is None and held is not None and "allowed" in held.info:
             allowance_record: dict[str, Any] | None = held.info["allowed"]
         else:
             allowance_record = allowance.record() if allowance is not None else None
         if any(f.action == "reject" for f in findings):
             # Refused: the draft is kept, the stage goes, the file reads as before.
-            put_back = removed is not None and held is None and base_fd == removed
+            put_back = removed is not None and held is None
             if put_back:
                 assert removed is not None
                 shown = await self.ws.digest(removed)
@@ -1260,7 +1309,8 @@ class Files:
             if put_back:
                 assert removed is not None and shown is not None
                 refused = err.envelope.get("lsn") or 0
-                await self._put_back(inode, path, removed, shown, ctx_info, refused)
+                base = str(stage.expected)
+                await self._put_back(inode, path, removed, shown, base, ctx_info, refused)
             if wait:
                 # fsync(): the kernel holds the inode's lock until we answer, and
                 # invalidating needs it, so it runs after the answer.
@@ -1328,10 +1378,20 @@ class Files:
             commit.shown = True
             self.on_written(path, intended, commit)
             return
+        remembered = None
+        if ((not stage.written and stage.cut_last) or intended == EMPTY_DIGEST) and (
+            not inode.virtual
+        ):
+            # An explicit truncation alone, or a file emptied (``: > f``, small enough to
+            # pass): a write of the same user's soon after is judged against the bytes
+            # from before it (``_cut_before``).
+            remembered = await self._keep_cut(path, commit, judged, ctx_info)
         before, inode.pending = inode.pending, commit
         try:
             await self.ws.submit(commit, wait)
         except BaseException:
+            if remembered is not None:
+                self._drop_cut(path)
             # Refused before the committer took it (e.g. the journal is unavailable):
             # nothing was written, so the stage goes and the file reads as before.
             if inode.pending is commit and not self.ws.is_queued(commit):
@@ -1359,13 +1419,17 @@ class Files:
             os.close(self.removed.pop(next(iter(self.removed))).fd)
 
     def let_go_kept(self) -> bool:
-        """The disk is full: close every descriptor kept of removed or replaced files (for
-        ``_recreated`` and stale writes: those checks then find nothing, never a false
-        refusal), so that a removed file no object keeps frees its space. True if any."""
-        had = bool(self.removed or self.gone_fds)
+        """The disk is full: close every descriptor kept of removed, cut or replaced files
+        (for ``_recreated``, ``_cut_before`` and stale writes: those checks then find
+        nothing, never a false refusal), so that a removed file no object keeps frees its
+        space. True if any."""
+        had = bool(self.removed or self.gone_fds or self.cuts)
         for rec in self.removed.values():
             os.close(rec.fd)
         self.removed.clear()
+        for cut in self.cuts.values():
+            os.close(cut.fd)
+        self.cuts.clear()
         for gone in self.gone_fds:
             os.close(gone.fd)
             gone.fd = -1
@@ -1377,6 +1441,133 @@ class Files:
         old = self.removed.pop(path, None)
         if old is not None:
             os.close(old.fd)
+        self._drop_cut(path)
+
+    # ---- a write after an explicit truncation ----
+
+    def _cut_stands(self, rec: Cut, who: dict[str, Any]) -> bool:
+        return rec.uid == who.get("uid", -1) and time.monotonic() - rec.at <= RECREATE_S
+
+    async def _keep_cut(
+        self, path: bytes, commit: Commit, base_fd: int, who: dict[str, Any]
+    ) -> Cut | None:
+        """``commit`` cuts ``path`` by an explicit truncation alone (nothing written), or
+        empties it: a change the gates let through, but a write that follows it is judged
+        against the bytes from before it, as within one open (``ftruncate`` then
+        ``write``), so that truncating a file and writing it again puts no cut or elided
+        file in place unseen. Remembers ``base_fd``'s bytes (copied first when a commit in place, of a
+        hard-linked file, would change them), or, after an earlier cut of the same user's
+        still standing, the bytes from before that one; None if nothing is kept."""
+        rec = self.cuts.get(path)
+        now = time.monotonic()
+        if rec is not None and self._cut_stands(rec, who) and rec.intended == commit.stage.expected:
+            rec.at, rec.intended = now, str(commit.intended)
+            rec.commits.append(commit)
+            return rec
+        self._drop_cut(path)
+        if base_fd < 0 or os.fstat(base_fd).st_size <= commit.size:
+            return None  # nothing cut away (a file made longer)
+        if commit.linked:
+
+            def copy(src: int) -> int:
+                how = os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC
+                out = os.open(".", how, 0o600, dir_fd=self.ws.staging_fd)
+                try:
+                    copy_fd(src, out)
+                except BaseException:
+                    os.close(out)
+                    raise
+                return out
+
+            try:
+                with borrowed(base_fd) as (src,):
+                    fd = await trio.to_thread.run_sync(copy, src, limiter=_LIMIT)
+            except OSError:
+                return None  # (no O_TMPFILE, no room: judged as ever)
+        else:
+            fd = os.dup(base_fd)  # the replaced inode keeps its bytes (an object now)
+        earlier = self.queued(path)
+        rec = Cut(fd, who.get("uid", -1), now, [commit], str(commit.intended), earlier)
+        self.cuts[path] = rec
+        while len(self.cuts) > REMOVED_MAX:  # the oldest goes
+            os.close(self.cuts.pop(next(iter(self.cuts))).fd)
+        return rec
+
+    def _drop_cut(self, path: bytes) -> None:
+        rec = self.cuts.pop(path, None)
+        if rec is not None:
+            os.close(rec.fd)
+
+    def _cut_landed(self, c: Commit) -> None:
+        """A commit settled: a cut remembered at its path stands only while the path's
+        last commit is that cut (another write, a restore, an undo end it; not one queued
+        before it, which lands first)."""
+        for p in (c.path, *c.aliases):
+            rec = self.cuts.get(p)
+            if rec is None or c in rec.earlier:
+                continue
+            if not (c.outcome == "committed" and c in rec.commits):
+                self._drop_cut(p)
+
+    def _cut_before(self, inode: Inode, stage: Stage, who: dict[str, Any]) -> int | None:
+        """A write (written text, not a truncation again) of a file the same user cut by an
+        explicit truncation alone within RECREATE_S, onto what the cut left: its gates
+        judge it against the bytes from before the cut, and a refusal puts those back;
+        returns a descriptor of them (the caller closes it), else None. Not inside an open
+        batch: its commit judges its drafts against the tree's file anyway."""
+        rec = self.cuts.get(inode.path) if inode.paths else None
+        if rec is None or not stage.written:
+            return None
+        del self.cuts[inode.path]
+        if (
+            not self._cut_stands(rec, who)
+            or stage.expected != rec.intended
+            or inode.virtual
+            or self.held(inode) is not None
+            or self.batches.for_writer(who) is not None
+        ):
+            os.close(rec.fd)
+            return None
+        return rec.fd
+
+    async def _cut_put_back(
+        self, path: bytes, cut: Cut, digest: str, who: dict[str, Any], err: RwfsError
+    ) -> None:
+        """A rename onto ``path`` right after its cut was refused: the bytes from before
+        the cut come back, as for a refused write (``_put_back``), unless the file is being
+        written meanwhile (a stage open on it) or a batch holds it."""
+        inode = self.inodes.by_path.get(path)
+        if inode is None:
+            return
+        async with inode.lock:
+            if (
+                self.cuts.get(path) is not cut
+                or inode.virtual
+                or self.held(inode) is not None
+                or (inode.stage is not None and inode.stage is not self.beneath(inode))
+            ):
+                return
+            del self.cuts[path]
+            try:
+                refused = err.envelope.get("lsn") or 0
+                await self._put_back(inode, path, cut.fd, digest, cut.intended, who, refused)
+            finally:
+                os.close(cut.fd)
+        self.kernel.invalidate(inode)  # (the rename holds the kernel's lock on it)
+
+    def _cut_removed(self, path: bytes, who: dict[str, Any], fd: int | None) -> int | None:
+        """``path`` stops naming its file (removed, renamed away), which ``fd`` holds: if
+        the same user cut it a moment before, a save that makes it again is judged against
+        the bytes from before the cut (``_recreated``): a descriptor of those, else ``fd``."""
+        rec = self.cuts.pop(path, None)
+        if rec is None:
+            return fd
+        if not self._cut_stands(rec, who):
+            os.close(rec.fd)
+            return fd
+        if fd is not None:
+            os.close(fd)
+        return rec.fd
 
     def _recreated(self, inode: Inode, stage: Stage, who: dict[str, Any]) -> int | None:
         """A save by removal and re-creation (``git checkout``, ``git stash``, vim's default
@@ -1402,11 +1593,14 @@ class Files:
         path: bytes,
         removed: int,
         digest: str,
+        expected: str,
         who: dict[str, Any],
         refused: int,
     ) -> None:
-        """A refused save by removal and re-creation: the new file gets the removed bytes
-        back, so the path holds what it held before the save, as a refused edit leaves it.
+        """A refused save by removal and re-creation: the new file (``expected``: empty)
+        gets the removed bytes back, so the path holds what it held before the save, as a
+        refused edit leaves it. The same for a refused write after an explicit truncation
+        (``expected``: what the truncation left): the bytes from before it come back.
         It is a commit of rwfs's own, journaled as a write by rwfs (the daemon's pid, comm
         ``rwfs``, ``put_back``, and ``refused_lsn``, the refusal it follows), in the
         writer's name only as far as its uid and session go (an undo of the session takes
@@ -1414,14 +1608,17 @@ class Files:
         refusal."""
         with borrowed(removed) as (fd,):
             stage = await self.ws.new_stage(fd, truncate=False)
-        stage.expected = EMPTY_DIGEST
+        stage.expected = expected
         stage.sealed = True
         size = os.fstat(stage.fd).st_size
         info = {**who, "pid": os.getpid(), "comm": "rwfs", "put_back": True}
         if refused:
             info["refused_lsn"] = refused
         commit = Commit(path, stage, digest, size, info, owner=inode)
-        self._new_version(inode, EMPTY_DIGEST, digest, who)
+        if len(inode.paths) > 1:  # hard links: committed in place, every name journaled
+            commit.aliases = tuple(sorted(inode.paths - {path}))
+        commit.linked = bool(commit.aliases) or _nlink(self.ws.root_fd, inode) > 1
+        self._new_version(inode, expected, digest, who)
         inode.stage, inode.pending = stage, commit
         await self.ws.submit(commit, wait=False)
 
