@@ -474,3 +474,48 @@ def test_removing_the_only_known_name_of_a_linked_file_finds_its_other_name(
     assert [(e["path"], e["intended"]) for e in writes] == [
         ("d/b.txt", "sha256:" + hashlib.sha256(b"two\n").hexdigest())
     ]
+
+
+def test_a_save_by_rename_during_its_temporary_files_commit_point_carries_its_bytes(
+    tree: Path, run: Run
+) -> None:
+    """The rename of a temporary file whose commit point is under way (sealed, hashed
+    in a worker thread, not queued yet: here every worker-thread slot is taken, as a
+    collection, a group commit and other seals can take them) waits for that commit and
+    carries it. It used to move the tree's empty temporary at once and journal that: a
+    rename of the empty file, then the temporary's write under the new name, so the
+    history of the target gained an empty version it never had."""
+    from rwfs import workspace
+
+    (tree / "f.txt").write_bytes(b"old\n")
+    (tree / ".t").write_bytes(b"")  # made empty, as a save's temporary is
+    new = b"the new text of f.txt\n" * 2000  # past SEAL_ON_LOOP: hashed in a thread
+
+    async def body(core: Core) -> None:
+        limiter = workspace._LIMIT
+        holders = [object() for _ in range(int(limiter.total_tokens))]
+        t = core.inode(".t")
+        core.inode("f.txt")
+        await core.write(t, new)
+        for h in holders:
+            await limiter.acquire_on_behalf_of(h)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(core.close, t)  # the seal waits for a worker thread
+            await trio.sleep(0.05)
+            assert t.stage is not None and t.stage.sealed and t.pending is None
+            nursery.start_soon(core.files.rename, b".t", b"f.txt", 0, WHO)
+            await trio.sleep(0.05)
+            for h in holders:
+                limiter.release_on_behalf_of(h)
+        await core.ws.sync()
+
+    core = run(tree, body)
+    assert (tree / "f.txt").read_bytes() == new and not (tree / ".t").exists()
+    evs = [e for e in core.ws.store.events() if e["op"] in ("write", "rename")]
+    digest = "sha256:" + hashlib.sha256(new).hexdigest()
+    empty = "sha256:" + hashlib.sha256(b"").hexdigest()
+    assert [(e["op"], e["path"], e["intended"]) for e in evs] == [
+        ("write", ".t", digest),  # the temporary's bytes, where they were written
+        ("rename", ".t", digest),  # then moved over f.txt
+    ], evs
+    assert empty not in [e["intended"] for e in evs]

@@ -724,6 +724,8 @@ class Files:
         # name it replaces, become kept versions (``sup``); anything else queued at either
         # name lands first. Writers can queue more while this waits or gates: again.
         while True:
+            if await self._sealing(src):
+                continue  # its commit is queued now: carried, below
             sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
             try:
                 dst_st: os.stat_result | None = os.stat(
@@ -771,8 +773,10 @@ class Files:
             ):
                 shown = (carry[-1].stage.fd if carry else -1, sup[-1].stage.fd if sup else -1)
                 allowance = await self.gate_rename(src, dst, who, *shown, taken=allowance)
-            if self._same(carry, self._movable(src, sst, dst_st, exchange)) and self._same(
-                sup, self._movable(dst, dst_st, exchange=exchange)
+            if (
+                self._same(carry, self._movable(src, sst, dst_st, exchange))
+                and self._same(sup, self._movable(dst, dst_st, exchange=exchange))
+                and self._commit_point(src) is None
             ):
                 break
         if journaled:
@@ -798,6 +802,7 @@ class Files:
             if not (
                 self._same(carry, self._movable(src, sst, dst_st, exchange))
                 and self._same(sup, self._movable(dst, dst_st, exchange=exchange))
+                and self._commit_point(src) is None
             ):
                 os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
                 if allowance is not None:  # (gated again there)
@@ -875,6 +880,32 @@ class Files:
                 elif gone is not None and not stat.S_ISDIR(dst_st.st_mode):
                     await self._other_names(gone, dst, dst_st)
             self.inodes.move(src, dst)
+
+    def _commit_point(self, path: bytes) -> Inode | None:
+        """The inode at ``path`` if a commit point of it is under way: its stage sealed
+        (hashed and gated, under ``inode.lock``) and not queued yet. A rename then would
+        move the tree's file without the bytes the writer wrote before it (an empty
+        temporary, for a save by rename), and journal those; the commit would follow as
+        a write of the new name."""
+        inode = self.inodes.by_path.get(path)
+        if inode is None or inode.virtual or not inode.lock.locked():
+            return None
+        stage = inode.stage
+        if stage is None or not stage.sealed:
+            return None
+        if inode.pending is not None and inode.pending.stage is stage:
+            return None  # queued (or a batch's draft): ``_movable`` decides
+        return inode
+
+    async def _sealing(self, path: bytes) -> bool:
+        """Wait for a commit point of the file at ``path`` under way (``_commit_point``),
+        if there is one: True if it waited."""
+        inode = self._commit_point(path)
+        if inode is None:
+            return False
+        async with inode.lock:
+            pass
+        return True
 
     def _movable(
         self,
