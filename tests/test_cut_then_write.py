@@ -176,3 +176,16 @@ def test_a_small_file_emptied_then_written_is_judged_against_what_it_held(
     assert refusal["gate"] == "elision", refusal
     put = events(mount, op="write", path="small.py")[-1]
     assert put.get("put_back") is True and put["refused_lsn"] == refusal["lsn"], put
+
+
+def test_a_tool_that_writes_back_what_the_truncation_left_changes_nothing(
+    mount: Mount,
+) -> None:
+    """sed -i of the file a truncation emptied saves the empty file again, by rename: no
+    edit, so nothing is refused and the truncation stays."""
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    res = sh(mount, "truncate -s 0 decoder.py && sed -i s/a/b/ decoder.py")
+    assert res.returncode == 0 and "refused" not in res.stderr, res
+    assert f.read_text() == ""
+    assert events(mount, op="refuse") == []
