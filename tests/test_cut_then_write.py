@@ -189,3 +189,19 @@ def test_a_tool_that_writes_back_what_the_truncation_left_changes_nothing(
     assert res.returncode == 0 and "refused" not in res.stderr, res
     assert f.read_text() == ""
     assert events(mount, op="refuse") == []
+
+
+def test_a_hard_linked_file_truncated_then_rewritten_gets_its_bytes_back(
+    mount: Mount,
+) -> None:
+    """A hard-linked file is committed in place, so the truncation changes the very inode
+    whose bytes the write is to be judged against: they are copied first."""
+    (mount.path / "cut.txt").write_text(CUT)
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    os.link(f, mount.path / "other-name.py")
+    res = sh(mount, "truncate -s 0 decoder.py && cat cut.txt > decoder.py")
+    assert res.returncode != 0 and "Bad message" in res.stderr, res
+    refused_and_put_back(mount, "decoder.py", CUT)
+    assert (mount.path / "other-name.py").read_text() == REAL  # one file, both names
+    assert os.stat(f).st_ino == os.stat(mount.path / "other-name.py").st_ino
