@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import Mount
+from test_rights import as_other, shared  # noqa: F401  (shared: a fixture)
 
 REAL = inspect.getsource(json.decoder)  # a real module of a few hundred lines
 CUT = "".join(REAL.splitlines(keepends=True)[:40])  # cut off after line 40
@@ -205,3 +206,19 @@ def test_a_hard_linked_file_truncated_then_rewritten_gets_its_bytes_back(
     refused_and_put_back(mount, "decoder.py", CUT)
     assert (mount.path / "other-name.py").read_text() == REAL  # one file, both names
     assert os.stat(f).st_ino == os.stat(mount.path / "other-name.py").st_ino
+
+
+def test_another_users_write_after_a_truncation_is_judged_as_ever(shared: Mount) -> None:  # noqa: F811
+    """As for a save by re-creation, only the user who truncated the file has their next
+    write judged against the bytes from before: another user's write is judged against
+    the file as it is (decided: docs/gates.md)."""
+    m = shared
+    (m.path / "cut.txt").write_text(CUT)
+    f = m.path / "decoder.py"
+    f.write_text(REAL)
+    f.chmod(0o666)
+    assert sh(m, "truncate -s 0 decoder.py").returncode == 0
+    res = as_other(f"cat {m.path / 'cut.txt'} > {f}")
+    assert res.returncode == 0 and "refused" not in res.stderr, res
+    assert f.read_text() == CUT
+    assert events(m, op="refuse") == []
