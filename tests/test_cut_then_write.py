@@ -222,3 +222,14 @@ def test_another_users_write_after_a_truncation_is_judged_as_ever(shared: Mount)
     assert res.returncode == 0 and "refused" not in res.stderr, res
     assert f.read_text() == CUT
     assert events(m, op="refuse") == []
+
+
+def test_a_new_file_where_a_renamed_directory_held_a_cut_one_is_new(mount: Mount) -> None:
+    (mount.path / "d").mkdir()
+    (mount.path / "cut.txt").write_text(CUT)
+    (mount.path / "d" / "m.py").write_text(REAL)
+    res = sh(mount, "truncate -s 0 d/m.py && mv d e && mkdir d && cat cut.txt > d/m.py")
+    assert res.returncode == 0 and "refused" not in res.stderr, res
+    assert (mount.path / "d" / "m.py").read_text() == CUT
+    assert (mount.path / "e" / "m.py").read_text() == ""
+    assert events(mount, op="refuse") == []

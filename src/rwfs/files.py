@@ -126,6 +126,7 @@ from .workspace import (
     Stage,
     Workspace,
     borrowed,
+    copy_metadata,
     fsdecode,
     rel,
     renameat2,
@@ -862,8 +863,10 @@ class Files:
                     os.close(fd)
             raise
         self.forget_removed(dst)
-        if exchange:
-            self._drop_cut(src)
+        if exchange or is_dir:
+            # (A directory's: what was cut below either name is at another path now.)
+            for p in [p for p in self.cuts if p == src or p.startswith((src + b"/", dst + b"/"))]:
+                self._drop_cut(p)
         else:
             removed = self._cut_removed(src, who, removed)
         if removed is not None:
@@ -1506,6 +1509,7 @@ class Files:
                 how = os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC
                 out = os.open(".", how, 0o600, dir_fd=self.ws.staging_fd)
                 try:
+                    copy_metadata(src, out, os.fstat(src))  # (a put-back copies them)
                     copy_fd(src, out)
                 except BaseException:
                     os.close(out)
