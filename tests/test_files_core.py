@@ -519,3 +519,43 @@ def test_a_save_by_rename_during_its_temporary_files_commit_point_carries_its_by
         ("rename", ".t", digest),  # then moved over f.txt
     ], evs
     assert empty not in [e["intended"] for e in evs]
+
+
+@pytest.mark.parametrize("how", ["unlink", "rename over"])
+def test_a_removal_during_a_commit_point_keeps_the_written_bytes_as_a_version(
+    tree: Path, run: Run, how: str
+) -> None:
+    """An unlink of a file whose commit point is under way (or a rename over it) waits for
+    the commit and keeps it as the removed version: the removal's event names the bytes
+    written before it, not the older ones, and undo would bring those back."""
+    from rwfs import workspace
+
+    (tree / "f.txt").write_bytes(b"old\n")
+    (tree / "g.txt").write_bytes(b"other\n")
+    new = b"the new text of f.txt\n" * 2000  # past SEAL_ON_LOOP: hashed in a thread
+
+    async def body(core: Core) -> None:
+        limiter = workspace._LIMIT
+        holders = [object() for _ in range(int(limiter.total_tokens))]
+        f = core.inode("f.txt")
+        core.inode("g.txt")
+        await core.write(f, new)
+        for h in holders:
+            await limiter.acquire_on_behalf_of(h)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(core.close, f)  # the seal waits for a worker thread
+            await trio.sleep(0.05)
+            assert f.stage is not None and f.stage.sealed and f.pending is None
+            if how == "unlink":
+                nursery.start_soon(core.files.remove, b"f.txt", WHO, False)
+            else:
+                nursery.start_soon(core.files.rename, b"g.txt", b"f.txt", 0, WHO)
+            await trio.sleep(0.05)
+            for h in holders:
+                limiter.release_on_behalf_of(h)
+        await core.ws.sync()
+
+    core = run(tree, body)
+    digest = "sha256:" + hashlib.sha256(new).hexdigest()
+    gone = [e for e in core.ws.store.events() if e["op"] in ("unlink", "rename")]
+    assert len(gone) == 1 and gone[0]["expected"] == digest, gone

@@ -642,6 +642,8 @@ class Files:
                 raise _refused(errno.ENOTDIR)
             await self.drop_virtual(virtual, who)
             return
+        while not is_dir and await self._sealing(path):
+            pass  # its commit is queued (or held) now: kept as a version, below
         inode = self.inodes.by_path.get(path)
         if not is_dir and await self.hide(path, inode, who):
             return
@@ -711,6 +713,8 @@ class Files:
         replaced bytes are kept, the moved file's digest journaled; an open batch's files
         are renamed within the batch, and a rename a batch would have to take is EXDEV
         (mv and most tools then copy and delete, which the batch holds)."""
+        while await self._sealing(src) or await self._sealing(dst):
+            pass  # (a commit point under way may go to a batch: decided below)
         if src in self.virtual or dst in self.virtual:
             await self.rename_virtual(src, dst, flags, who)
             return
@@ -725,8 +729,8 @@ class Files:
         # name it replaces, become kept versions (``sup``); anything else queued at either
         # name lands first. Writers can queue more while this waits or gates: again.
         while True:
-            if await self._sealing(src):
-                continue  # its commit is queued now: carried, below
+            if await self._sealing(src) or await self._sealing(dst):
+                continue  # its commit is queued now: carried or kept, below
             sst = os.stat(src, dir_fd=self.ws.root_fd, follow_symlinks=False)
             try:
                 dst_st: os.stat_result | None = os.stat(
@@ -778,6 +782,7 @@ class Files:
                 self._same(carry, self._movable(src, sst, dst_st, exchange))
                 and self._same(sup, self._movable(dst, dst_st, exchange=exchange))
                 and self._commit_point(src) is None
+                and self._commit_point(dst) is None
             ):
                 break
         if journaled:
@@ -804,6 +809,7 @@ class Files:
                 self._same(carry, self._movable(src, sst, dst_st, exchange))
                 and self._same(sup, self._movable(dst, dst_st, exchange=exchange))
                 and self._commit_point(src) is None
+                and self._commit_point(dst) is None
             ):
                 os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
                 if allowance is not None:  # (gated again there)
@@ -889,7 +895,8 @@ class Files:
         (hashed and gated, under ``inode.lock``) and not queued yet. A rename then would
         move the tree's file without the bytes the writer wrote before it (an empty
         temporary, for a save by rename), and journal those; the commit would follow as
-        a write of the new name."""
+        a write of the new name. A rename over it, or an unlink, would drop the commit (its
+        file gone) and keep the bytes from before it."""
         inode = self.inodes.by_path.get(path)
         if inode is None or inode.virtual or not inode.lock.locked():
             return None
