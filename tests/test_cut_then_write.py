@@ -12,6 +12,7 @@ import inspect
 import json
 import os
 import subprocess
+import time
 from typing import Any
 
 import pytest
@@ -232,4 +233,22 @@ def test_a_new_file_where_a_renamed_directory_held_a_cut_one_is_new(mount: Mount
     assert res.returncode == 0 and "refused" not in res.stderr, res
     assert (mount.path / "d" / "m.py").read_text() == CUT
     assert (mount.path / "e" / "m.py").read_text() == ""
+    assert events(mount, op="refuse") == []
+
+
+def test_past_the_window_a_write_is_judged_against_what_the_truncation_left(
+    mount: Mount,
+) -> None:
+    """The window is RECREATE_S, the one of a save by re-creation (decided: a write that
+    long after the truncation is a write of the file as it is)."""
+    from rwfs.files import RECREATE_S
+
+    (mount.path / "cut.txt").write_text(CUT)
+    f = mount.path / "decoder.py"
+    f.write_text(REAL)
+    assert sh(mount, "truncate -s 0 decoder.py").returncode == 0
+    time.sleep(RECREATE_S + 0.5)
+    res = sh(mount, "cat cut.txt > decoder.py")
+    assert res.returncode == 0 and "refused" not in res.stderr, res
+    assert f.read_text() == CUT
     assert events(mount, op="refuse") == []
