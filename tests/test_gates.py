@@ -1113,3 +1113,44 @@ def test_an_emptied_file_refusal_names_the_allowance(mount: Mount) -> None:
     assert "is empty" in env["message"]
     assert env["allow"]["command"] == f"rwfs allow {mount.path}/decoder.py"
     assert env["allow"]["command"] in env["message"]
+
+# ---- elision on real version history: what maintainers do that is no elision ----
+
+
+def test_an_ellipsis_the_old_file_had_as_a_stub_or_a_yaml_document_end_is_kept() -> None:
+    body = "".join(f"        total += self.step({i})\n" for i in range(12))
+    stubs = (
+        "    @overload\n    def main(\n        self,\n        args: None = None,\n"
+        "    ) -> NoReturn:\n        ...\n\n"
+    )
+    old = (
+        "class Command:\n"
+        + stubs
+        + "    def main(self, args=None):\n        total = 0\n"
+        + body
+        + "        return total\n\n    def other(self):\n        return 1\n"
+    )
+    # The method moved below another one, its stub with it: the "..." is the old one's.
+    moved = (
+        "class Command:\n    def other(self):\n        return 2\n\n"
+        + stubs
+        + "    def main(self, args=None):\n        return sum(self.steps())\n"
+    )
+    assert gated("cmd.py", old, moved) == []
+    # ... while "..." as the body of a method whose head the old file had over code is
+    # code left out.
+    elided = (
+        old.split("        total = 0\n")[0]
+        + "        ...\n\n    def other(self):\n        return 1\n"
+    )
+    assert gated("cmd.py", old, elided) == ["elision"]
+    # YAML: a document end marker after keys replaced; an entry "..." where keys were.
+    steps = "".join(f"      - name: step {i}\n        run: make step-{i}\n" for i in range(8))
+    yml = f"name: ci\non: [push]\njobs:\n  test:\n    steps:\n{steps}"
+    ended = (
+        "---\nname: ci\non: [push]\njobs:\n  test:\n    steps:\n      - uses: one/action@v1\n...\n"
+    )
+    assert gated("ci.yml", yml, ended) == []
+    keys = "".join(f"key_{i}:\n  value: {i}\n" for i in range(12))
+    middle = keys.split("key_2:")[0] + "...\n" + "key_11:" + keys.split("key_11:")[1]
+    assert "elision" in gated("c.yaml", keys, middle)

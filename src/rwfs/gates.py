@@ -678,6 +678,19 @@ def _family(name: str) -> str:
     return m.group(1).lower() if m else name
 
 
+# ---- elision: an ellipsis the old file had, as a stub ----
+
+_NEAR = 12  # lines: how far a stub's head, or what follows a line, is looked for
+
+
+def _kept_stub(old: bytes, stub: list[bytes]) -> bool:
+    """Whether the old file has the lines ``stub`` (stripped: a definition's head and its
+    ``...`` body) one after the other: a stub moved or kept, not a body left out."""
+    pattern = b"".join(rb"[ \t]*" + re.escape(x) + rb"[ \t\r]*\n" for x in stub[:-1])
+    pattern = rb"(?m)^" + pattern + rb"(?:[ \t\r]*\n)*[ \t]*" + re.escape(stub[-1]) + rb"[ \t\r]*$"
+    return re.search(pattern, old) is not None
+
+
 def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> Finding | None:
     """Code left out: something stands where lines of the old file were removed.
 
@@ -839,6 +852,33 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             )
         return gaps[k]
 
+    def stub_kept(j: int) -> bool:
+        """Whether the ellipsis at line j of the span is the body of a stub the old file
+        has whole: its head (the lines since a blank one, at most _NEAR) and the ellipsis."""
+        u = j - 1
+        while u >= 0 and after[u] and j - u <= _NEAR:
+            u -= 1
+        head = after[u + 1 : j]
+        if u < 0 and j < _NEAR:
+            return False  # its head begins before the span: not looked for
+        return bool(head) and head[-1].endswith((b":", b"{")) and _kept_stub(old, [*head, after[j]])
+
+    def document_end(j: int) -> bool:
+        """YAML: whether the ``...`` at line j of the span, at the margin, ends a
+        document: nothing follows it but blank lines and comments, or a new document."""
+        if lines[j][:1] != b".":
+            return False
+        for x in [*after[j + 1 :], *(y.strip() for y in below_span())]:
+            if x.startswith(b"---"):
+                return True
+            if x and not x.startswith(b"#"):
+                return False
+        return True
+
+    def below_span() -> list[bytes]:
+        """The first lines of the new file after the span (as they are)."""
+        return new[len(new) if b < 0 else b + 1 :].split(b"\n", _NEAR)[:_NEAR]
+
     for n, kind, text in marks:
         if kind != _WEAK:
             continue
@@ -847,6 +887,10 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             continue  # a doctest's or a docstring's ellipsis
         if text in before[g.first : g.end] or _new_stub(_head(new, a, after, n - first), had):
             continue  # the old file had it there; a doctest's; a new definition's body
+        if stub_kept(n - first):
+            continue  # a definition's stub the old file had (moved, or kept over new lines)
+        if lang == "yaml" and document_end(n - first):
+            continue  # YAML's document end marker, not an ellipsis
         return found(
             "ellipsis",
             n,
