@@ -1154,3 +1154,65 @@ def test_an_ellipsis_the_old_file_had_as_a_stub_or_a_yaml_document_end_is_kept()
     keys = "".join(f"key_{i}:\n  value: {i}\n" for i in range(12))
     middle = keys.split("key_2:")[0] + "...\n" + "key_11:" + keys.split("key_11:")[1]
     assert "elision" in gated("c.yaml", keys, middle)
+
+
+def test_a_comment_kept_reworded_or_over_kept_code_is_no_stand_in() -> None:
+    branch = "".join(f"        out.append(legacy_{i}(value))\n" for i in range(10))
+    others = "".join(f"def other_{i}(x):\n    return x + {i}\n\n\n" for i in range(12))
+    old = others + (
+        "import sys\n\n\ndef convert(value):\n    out = []\n"
+        "    # On the old runtime, convert each value the legacy way first.\n"
+        "    if sys.version_info[0] == 2:\n" + branch + "        return out\n\n"
+        "    # And in any case, convert each value the new way.\n"
+        "    out.append(modern(value))\n    return out\n"
+    )
+    head, tail = old.split("    # On the old runtime")[0], old.split("    out.append(modern")[1]
+    # The old runtime's branch deleted, the comment that stays reworded.
+    reworded = head + "    # convert each value the new way.\n    out.append(modern" + tail
+    assert gated("convert.py", old, reworded) == []
+    # ... while a comment in other words there stands for the branch.
+    for words in ("# as in the current version", "# come nella versione attuale"):
+        elided = head + f"    {words}\n\n    out.append(modern" + tail
+        assert gated("convert.py", old, elided) == ["elision"], words
+        elided = head + f"    {words}\n    return out\n"
+        assert gated("convert.py", old, elided) == ["elision"], words
+    # A JS function's helpers replaced by a call, a new comment over the code that stays,
+    # where the old file had one.
+    helpers = "".join(
+        f"  function on{i}(err) {{\n    if (done) return;\n    done = true;\n    next(err);\n  }}\n\n"
+        for i in range(4)
+    )
+    js = "".join(f"exports.f{i} = function (x) {{\n  return x + {i};\n}};\n\n" for i in range(8))
+    js += (
+        "res.send = function send(path, fn) {\n  var done;\n  var next = this.req.next;\n\n"
+        + helpers
+        + "  // transfer\n  var file = open(path);\n  file.pipe(this);\n};\n"
+    )
+    top, rest = js.split(helpers)
+    again = top + "  // create the file stream\n  var file = open(path);\n  file.pipe(this);\n};\n"
+    assert gated("res.js", js, again) == []
+    # ... while a comment where the old file had code above the line that stays is one.
+    plain = js.replace("  // transfer\n", "")
+    assert gated("res.js", plain, again.replace("the file stream", "wie bisher")) == ["elision"]
+
+
+def test_a_rest_comment_between_whole_sections_is_no_stand_in() -> None:
+    sections = "".join(
+        f"{v}.0.0\n------\n\nChanges:\n\n"
+        + "".join(f"- change {v}.{i}\n" for i in range(4))
+        + "\n\n"
+        for v in (9, 8, 7, 6)
+    )
+    old = "Changelog\n=========\n\nIntroduction.\n\n\n" + sections
+    first = sections.split("8.0.0")[0]
+    rest = sections[len(first) :]
+    # The unreleased section, now a marker where a tool writes the next one.
+    marker = "Changelog\n=========\n\nIntroduction.\n\n.. release notes start\n\n\n" + rest
+    assert (
+        gated("CHANGELOG.rst", old, "Changelog\n=========\n\nIntroduction.\n\n\n" + sections) == []
+    )
+    assert gated("CHANGELOG.rst", old, marker) == []
+    # ... while a comment where part of a section was (not whole sections) stands for it.
+    lines = old.split("\n")
+    cut = lines[:9] + ["..  wie bisher"] + lines[24:]
+    assert gated("CHANGELOG.rst", old, "\n".join(cut)) == ["elision"]

@@ -691,6 +691,83 @@ def _kept_stub(old: bytes, stub: list[bytes]) -> bool:
     return re.search(pattern, old) is not None
 
 
+# ---- elision: what a stand-in is not: a comment kept, reworded, over kept code ----
+
+_NOTE_WORD = re.compile(r"\w{4,}")  # the words two comments are compared by
+_TITLE_RULE = re.compile(rb"([=\-~^\"'`*+#:._])\1{2,}")  # a reST title's under- or overline
+_ATX = re.compile(rb"#{1,6}\s+\S")  # a Markdown heading
+
+
+def _comment(line: bytes) -> bool:
+    """A comment alone on its line (stripped), not a string."""
+    whole = _WHOLE.match(line) if line[:1] and line[0] in _OPENS else None
+    return whole is not None and whole.group(1)[-1:] not in b"\"'"
+
+
+def _note_words(lines: list[bytes]) -> set[str]:
+    return {w for x in lines for w in _NOTE_WORD.findall(x.decode("utf-8", "replace").lower())}
+
+
+def _reworded(note: list[bytes], was: list[bytes]) -> bool:
+    """Whether the new comment ``note`` (its lines) says mostly what one comment of the old
+    lines ``was`` said (a run of comment lines): at least two words in common, and at
+    least half of the words of each. A comment reworded is the old file's, not a
+    stand-in for what went."""
+    words = _note_words(note)
+    if len(words) < 2:
+        return False
+    block: list[bytes] = []
+    for x in [*was, b""]:
+        if _comment(x):
+            block.append(x)
+            continue
+        if block:
+            said = _note_words(block)
+            shared = len(words & said)
+            if shared >= 2 and 2 * shared >= max(len(words), len(said)):
+                return True
+            block = []
+    return False
+
+
+def _title(lines: list[bytes], i: int) -> bool:
+    """Prose: whether the stripped line ``lines[i]`` begins a section title (reST's, with
+    its underline or overline, or a Markdown heading)."""
+    if i + 1 >= len(lines) or not lines[i]:
+        return False
+    if _ATX.match(lines[i]):
+        return True
+    if _TITLE_RULE.fullmatch(lines[i]):  # an overline: the title is the next line
+        return (
+            i + 2 < len(lines)
+            and bool(lines[i + 1])
+            and _TITLE_RULE.fullmatch(lines[i + 2]) is not None
+        )
+    return _TITLE_RULE.fullmatch(lines[i + 1]) is not None
+
+
+def _sections(removed: list[bytes], below: list[bytes]) -> bool:
+    """Prose: whether the lines ``removed`` were whole sections (they begin with a title,
+    blank lines and reST comments aside) and the lines ``below`` a stand-in begin another
+    (blank lines and transitions aside): a comment between sections marks the document's
+    structure (where release notes go, where an include starts), it stands for no text."""
+    p = 0
+    while p < len(removed) and (not removed[p] or _RST_COMMENT.fullmatch(removed[p])):
+        p += 1
+    if not _title(removed, p):
+        return False
+    q = 0
+    while q < len(below) and (
+        not below[q] or (_TITLE_RULE.fullmatch(below[q]) and not _title(below, q))
+    ):
+        q += 1
+    return _title(below, q)
+
+
+def _indent_of(line: bytes) -> bytes:
+    return line[: len(line) - len(line.lstrip())]
+
+
 def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> Finding | None:
     """Code left out: something stands where lines of the old file were removed.
 
@@ -852,6 +929,11 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             )
         return gaps[k]
 
+    def below(n: int) -> list[bytes]:
+        """The stripped lines of the new file after line n (a few)."""
+        at = offsets[n]
+        return [x.strip() for x in new[at : at + 200 * _NEAR].split(b"\n", _NEAR)[1:_NEAR]]
+
     def stub_kept(j: int) -> bool:
         """Whether the ellipsis at line j of the span is the body of a stub the old file
         has whole: its head (the lines since a blank one, at most _NEAR) and the ellipsis."""
@@ -878,6 +960,25 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     def below_span() -> list[bytes]:
         """The first lines of the new file after the span (as they are)."""
         return new[len(new) if b < 0 else b + 1 :].split(b"\n", _NEAR)[:_NEAR]
+
+    def heading(j: int, g: Gap, e: int) -> bool:
+        """Whether the comment at line j of the span is right over a line of code the
+        old file has there (at the end of the gap, or in what it kept at the gap's end),
+        which the old file also had a comment over: it says what that code does."""
+        if j + 1 == g.new_end:
+            oi = g.end
+        elif g.new_end - e <= j + 1 < g.new_end:
+            oi = g.end - (g.new_end - (j + 1))
+        else:
+            return False
+        raw = lines[j + 1] if j + 1 < len(lines) else (below_span() or [b""])[0]
+        code = raw.strip()
+        if not code or _filler(code, prose, data) or _indent_of(raw) != _indent_of(lines[j]):
+            return False
+        p = oi - 1
+        while p >= 0 and not before[p]:
+            p -= 1
+        return p >= 0 and _comment(before[p])
 
     for n, kind, text in marks:
         if kind != _WEAK:
@@ -906,6 +1007,19 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             continue
         if g.substance < _ELLIPSIS_LINES:
             continue  # comments gone (a licence header, commented-out code): no code
+        j = n - first
+        note = [text]
+        if not prose:
+            u = j - 1
+            while u >= g.new_first and _comment(after[u]):
+                note.insert(0, after[u])
+                u -= 1
+            u = j + 1
+            while u < g.new_end and _comment(after[u]):
+                note.append(after[u])
+                u += 1
+            if _reworded(note, before[g.first : g.end]):
+                continue  # an old comment there, reworded: the old file's, no stand-in
         # What the edit took out there: the old lines between what it kept around them.
         was, now = before[g.first : g.end], after[g.new_first : g.new_end]
         k = _common_lines(was, now)
@@ -915,6 +1029,10 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             continue  # one definition deleted, and a note where it was
         if python and _prose_lines(old, a, span, i1, i2):
             continue  # a docstring shortened: its text is prose
+        if not prose and heading(j, g, e):
+            continue  # a comment over code that stays, where the old file had one
+        if prose and text.startswith(b"..") and _sections(before[i1:i2], below(n)):
+            continue  # a reST comment between sections: the document's structure
         return found(
             "stand-in",
             n,
