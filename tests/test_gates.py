@@ -1216,3 +1216,31 @@ def test_a_rest_comment_between_whole_sections_is_no_stand_in() -> None:
     lines = old.split("\n")
     cut = lines[:9] + ["..  wie bisher"] + lines[24:]
     assert gated("CHANGELOG.rst", old, "\n".join(cut)) == ["elision"]
+
+
+def test_most_of_a_file_moved_out_is_a_deletion_and_a_fragment_is_not() -> None:
+    helpers = "".join(
+        f"def helper_{i}(x):\n    y = x * {i}\n    return y + {i}\n\n\n" for i in range(2)
+    )
+    moved = "".join(
+        f"def strategy_{i}(draw):\n    value = draw({i})\n    return value\n\n\n" for i in range(14)
+    )
+    old = "import os\nfrom strategies import draw\n\n\n" + helpers + moved
+    kept = "import os\n\n\n" + helpers.replace("return y", "return os.sep and y")
+    # Most of the file moved to another module: the rest whole, its layout kept.
+    old = old.replace("return y", "return os.sep and y")
+    assert gated("utils.py", old, kept) == []
+    # ... while the same lines glued together, or a kept line that uses what was cut, or
+    # imports alone that nothing uses, are a fragment.
+    glued = kept.replace("\n\n\n", "\n")
+    assert gated("utils.py", old, glued) == ["elision"]
+    uses = old.replace("def strategy_9(", "REGISTRY = {}\n\n\ndef strategy_9(")
+    uses = uses.replace("return os.sep and y", "return REGISTRY and y")
+    assert gated(
+        "utils.py", uses, kept.replace("return os.sep and y", "return REGISTRY and y")
+    ) == ["elision"]
+    assert gated("utils.py", old, "import os\nfrom strategies import draw\n") != []
+    # A C header's guard: its "#endif" kept and its "#ifndef" cut is a fragment.
+    decls = "".join(f"int call_{i}(int x);\n" for i in range(20))
+    header = f"/* api.h */\n#ifndef API_H\n#define API_H\n\n{decls}#endif /* API_H */\n"
+    assert gated("api.h", header, "/* api.h */\n#endif /* API_H */\n") == ["elision"]

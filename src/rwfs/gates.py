@@ -768,6 +768,103 @@ def _indent_of(line: bytes) -> bytes:
     return line[: len(line) - len(line.lstrip())]
 
 
+# ---- elision: most of a file deleted, not a fragment of it ----
+
+
+def _deleted(before: list[bytes], after: list[bytes], prose: bool, data: bool) -> bool:
+    """Whether the new lines ``after`` are the old ones ``before`` (both stripped) with runs
+    of lines deleted where the old file's layout parted them (each seam keeps a blank line
+    where the old text had one), and at most lines of code put in: whole definitions moved
+    out or deleted. A fragment a model writes glues what it kept, or leaves a note."""
+    where: dict[bytes, list[int]] = {}
+    for i, x in enumerate(before):
+        where.setdefault(x, []).append(i)
+    cur, prev = -1, b""
+    for x in after:
+        at = where.get(x)
+        k = bisect_left(at, cur + 1) if at else 0
+        if not at or k == len(at):
+            if not at and x and (_marker(x) != _NONE or _standin(x, prose, data) or _comment(x)):
+                return False  # a note put where lines were (a line of the old file moved is none)
+            prev = b"\0" if x else b""  # code put there, or a blank line
+            continue
+        p = at[k]
+        if p > cur + 1 and prev and x:
+            # The line before, where it stands last before this one in the old file.
+            q = cur
+            if prev in where:
+                q = max(cur, where[prev][bisect_left(where[prev], p) - 1])
+            if any(not y for y in before[q + 1 : p]):
+                return False  # two lines the old file parted with a blank line, glued
+        cur, prev = p, x
+    return True
+
+
+# Names a line at the margin defines or imports (Python, JavaScript, TypeScript and kin):
+# what a deletion takes away with it, and what a fragment still uses.
+_DEFINES = re.compile(
+    rb"(?:export\s+(?:default\s+)?)?(?:declare\s+)?(?:async\s+)?"
+    rb"(?:def|class|function\*?|interface|type|enum|struct|const|let|var)\s+([A-Za-z_$][\w$]*)"
+    rb"|([A-Za-z_$][\w$]*)\s*(?::[^=]+)?=(?!=)"
+)
+_IMPORTS = re.compile(
+    rb"(?:from\s+[\w.]+\s+)?import\s+\(?([\w., \t]+?)\)?\s*$"
+    rb"|(?:const|let|var|import)\s+(?:\{([\w$, \t:]+)\}|([A-Za-z_$][\w$]*))\s*(?:=\s*require\(|from\b)"
+)
+_NAME = re.compile(rb"[A-Za-z_$][\w$]*")
+
+
+def _bound(raw: list[bytes], uses: Counter[bytes] | None = None) -> tuple[set[bytes], set[bytes]]:
+    """The names the unindented lines ``raw`` define, and those they import; ``uses``
+    counts the names the other lines hold."""
+    defined: set[bytes] = set()
+    imported: set[bytes] = set()
+    for line in raw:
+        m = None
+        if line[:1].isalpha() or line[:1] in (b"_", b"$"):  # unindented: a statement
+            m = _IMPORTS.match(line.rstrip())
+        if m is None and uses is not None:
+            uses.update(_NAME.findall(line))
+        if not line[:1].isalpha() and line[:1] not in (b"_", b"$"):
+            continue
+        if m is not None:
+            names = next(x for x in m.groups() if x is not None)
+            for part in names.split(b","):
+                words = _NAME.findall(part)
+                if words:
+                    imported.add(words[-1])  # "a as b", "{a: b}": b is bound
+            continue
+        m = _DEFINES.match(line)
+        if m is not None:
+            defined.add(m.group(1) or m.group(2))
+    return defined, imported
+
+
+_PP_IF = re.compile(rb"(?m)^[ \t]*#[ \t]*if")
+_PP_ENDIF = re.compile(rb"(?m)^[ \t]*#[ \t]*endif\b")
+
+
+def _unbalanced(text: bytes) -> bool:
+    """C's preprocessor: whether the text's conditionals (``#if``, ``#ifdef``, ``#ifndef``)
+    and their ``#endif`` lines are not as many."""
+    return len(_PP_IF.findall(text)) != len(_PP_ENDIF.findall(text))
+
+
+def _fragment(old: bytes, old_raw: list[bytes], new: bytes) -> bool:
+    """Whether what a deletion kept still needs what it took: a name the old file
+    defined or imported, gone with the lines deleted, that the new text uses; or
+    imports the new text has none of which it uses. Then it is a fragment of the file."""
+    was_defined, was_imported = _bound(old_raw)
+    uses: Counter[bytes] = Counter()  # of the new text's names, outside its imports
+    now_defined, now_imported = _bound(new.split(b"\n"), uses)
+    gone = (was_defined | was_imported) - now_defined - now_imported
+    if any(uses[name] for name in gone):
+        return True
+    if _unbalanced(new) and not _unbalanced(old):
+        return True  # an "#endif" kept, its "#if" deleted
+    return bool(now_imported) and not any(uses[name] for name in now_imported)
+
+
 def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> Finding | None:
     """Code left out: something stands where lines of the old file were removed.
 
@@ -1072,6 +1169,12 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
         return None  # one definition deleted, and the file is whole without it
     if _pruned(path, old, new):
         return None  # functions of families that keep members deleted: tests pruned
+    if (
+        _deleted(before, after, prose, data)
+        and not _fragment(old, span, new)
+        and (not parsers.parse_errors(path, new)[1] or parsers.parse_errors(path, old)[1])
+    ):
+        return None  # whole runs deleted at the seams of the old layout: moved out
     return Finding(
         "elision",
         f"{removed} of the old file's {total} lines are gone in one write, and nothing "
