@@ -871,15 +871,18 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     Signals, each needing ``min_lines`` lines of the old file gone: a placeholder phrase
     on a new line (not in a docstring, nor a sentence of prose); an ellipsis (``...``,
     ``# ...``, a data file's ``"…": "…"``) that stands where at least _ELLIPSIS_LINES lines
-    were, unless the old file had it there, or it is a doctest's or a new definition's
-    body; a stand-in, a new short comment or string, in any words, where at least
-    ``min_lines`` lines vanished from the file with nothing new in their place (one whole
-    definition of under a third of the file, deleted with a note, aside); and a mass
+    were, unless the old file had it there (or the whole stub it ends), or it is a
+    doctest's, a new definition's body or YAML's document end; a stand-in, a new short
+    comment or string, in any words, where at least ``min_lines`` lines vanished from the
+    file with nothing new in their place (one whole definition of under a third of the
+    file, deleted with a note, an old comment reworded, a comment over kept code the old
+    file had a comment over, a reST comment between whole sections, aside); and a mass
     deletion, most (``mass_ratio``) of the old file's lines gone with a new
     placeholder-like line (a comment alone, ``pass``, an ellipsis) where they were, or
     nearly all (``cut_ratio``) gone with nothing new at all (unless only functions of
-    families that keep members went: tests pruned). Only the lines an edit changed are
-    looked at, so an edit session's commit costs a scan of a few lines."""
+    families that keep members went: tests pruned; or it is a deletion by its structure,
+    see ``_deleted`` and ``_fragment``). Only the lines an edit changed are looked at,
+    so an edit session's commit costs a scan of a few lines."""
     min_lines = cfg["min_lines"]
     mass_ratio, cut_ratio = cfg["mass_ratio"], cfg["cut_ratio"]
     if (b"\r" in old or b"\r" in new) and _lf(old) == _lf(new):
