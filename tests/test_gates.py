@@ -1118,32 +1118,26 @@ def test_an_emptied_file_refusal_names_the_allowance(mount: Mount) -> None:
 
 
 def test_an_ellipsis_the_old_file_had_as_a_stub_or_a_yaml_document_end_is_kept() -> None:
-    body = "".join(f"        total += self.step({i})\n" for i in range(12))
-    stubs = (
-        "    @overload\n    def main(\n        self,\n        args: None = None,\n"
-        "    ) -> NoReturn:\n        ...\n\n"
+    stubs = "".join(
+        f"    @overload\n    def main(\n        self,\n        args: None = None,\n"
+        f"    ) -> {r}:\n        ...\n\n"
+        for r in ("NoReturn", "int")
     )
-    old = (
-        "class Command:\n"
-        + stubs
-        + "    def main(self, args=None):\n        total = 0\n"
-        + body
-        + "        return total\n\n    def other(self):\n        return 1\n"
+    steps = "".join(f"        total += self.step({i})\n" for i in range(12))
+    main = (
+        "    def main(self, args=None):\n        total = 0\n" + steps + "        return total\n\n"
     )
-    # The method moved below another one, its stub with it: the "..." is the old one's.
-    moved = (
-        "class Command:\n    def other(self):\n        return 2\n\n"
-        + stubs
-        + "    def main(self, args=None):\n        return sum(self.steps())\n"
-    )
-    assert gated("cmd.py", old, moved) == []
+    kept = "".join(f"    def kept_{i}(self):\n        return {i}\n\n" for i in range(6))
+    gone = "".join(f"    def gone_{i}(self):\n        return -{i}\n\n" for i in range(6))
+    old = "class Command:\n" + stubs + main + kept + gone
+    # The method moved below others, its stubs with it, where other methods were: the
+    # "..." is the old stubs'.
+    short = "    def main(self, args=None):\n        return sum(self.steps())\n"
+    assert gated("cmd.py", old, "class Command:\n" + kept + stubs + short) == []
     # ... while "..." as the body of a method whose head the old file had over code is
     # code left out.
-    elided = (
-        old.split("        total = 0\n")[0]
-        + "        ...\n\n    def other(self):\n        return 1\n"
-    )
-    assert gated("cmd.py", old, elided) == ["elision"]
+    elided = "    def main(self, args=None):\n        ...\n\n"
+    assert gated("cmd.py", old, "class Command:\n" + stubs + elided + kept + gone) == ["elision"]
     # YAML: a document end marker after keys replaced; an entry "..." where keys were.
     steps = "".join(f"      - name: step {i}\n        run: make step-{i}\n" for i in range(8))
     yml = f"name: ci\non: [push]\njobs:\n  test:\n    steps:\n{steps}"
@@ -1199,7 +1193,7 @@ def test_a_comment_kept_reworded_or_over_kept_code_is_no_stand_in() -> None:
 def test_a_rest_comment_between_whole_sections_is_no_stand_in() -> None:
     sections = "".join(
         f"{v}.0.0\n------\n\nChanges:\n\n"
-        + "".join(f"- change {v}.{i}\n" for i in range(4))
+        + "".join(f"- change {v}.{i}\n" for i in range(10))
         + "\n\n"
         for v in (9, 8, 7, 6)
     )
@@ -1208,13 +1202,13 @@ def test_a_rest_comment_between_whole_sections_is_no_stand_in() -> None:
     rest = sections[len(first) :]
     # The unreleased section, now a marker where a tool writes the next one.
     marker = "Changelog\n=========\n\nIntroduction.\n\n.. release notes start\n\n\n" + rest
-    assert (
-        gated("CHANGELOG.rst", old, "Changelog\n=========\n\nIntroduction.\n\n\n" + sections) == []
-    )
     assert gated("CHANGELOG.rst", old, marker) == []
-    # ... while a comment where part of a section was (not whole sections) stands for it.
+    # ... but not one indented (in a block: a code block's, a quotation's), ...
+    indented = marker.replace(".. release notes start", "  .. release notes start")
+    assert gated("CHANGELOG.rst", old, indented) == ["elision"]
+    # ... nor one where part of a section was (not whole sections): those stand for it.
     lines = old.split("\n")
-    cut = lines[:9] + ["..  wie bisher"] + lines[24:]
+    cut = lines[:9] + ["..  wie bisher"] + lines[21:]
     assert gated("CHANGELOG.rst", old, "\n".join(cut)) == ["elision"]
 
 

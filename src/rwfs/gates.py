@@ -695,7 +695,6 @@ def _kept_stub(old: bytes, stub: list[bytes]) -> bool:
 
 _NOTE_WORD = re.compile(r"\w{4,}")  # the words two comments are compared by
 _TITLE_RULE = re.compile(rb"([=\-~^\"'`*+#:._])\1{2,}")  # a reST title's under- or overline
-_ATX = re.compile(rb"#{1,6}\s+\S")  # a Markdown heading
 
 
 def _comment(line: bytes) -> bool:
@@ -731,19 +730,18 @@ def _reworded(note: list[bytes], was: list[bytes]) -> bool:
 
 
 def _title(lines: list[bytes], i: int) -> bool:
-    """Prose: whether the stripped line ``lines[i]`` begins a section title (reST's, with
-    its underline or overline, or a Markdown heading)."""
-    if i + 1 >= len(lines) or not lines[i]:
+    """reST: whether the stripped line ``lines[i]`` begins a section title: a line of
+    text over a rule as long as it (with the same rule over it, or none)."""
+
+    def rule(k: int, text: bytes) -> bool:
+        wide = len(text.decode("utf-8", "replace"))
+        return k < len(lines) and bool(_TITLE_RULE.fullmatch(lines[k])) and len(lines[k]) >= wide
+
+    if i >= len(lines) or not lines[i]:
         return False
-    if _ATX.match(lines[i]):
-        return True
     if _TITLE_RULE.fullmatch(lines[i]):  # an overline: the title is the next line
-        return (
-            i + 2 < len(lines)
-            and bool(lines[i + 1])
-            and _TITLE_RULE.fullmatch(lines[i + 2]) is not None
-        )
-    return _TITLE_RULE.fullmatch(lines[i + 1]) is not None
+        return i + 1 < len(lines) and bool(lines[i + 1]) and rule(i + 2, lines[i + 1])
+    return rule(i + 1, lines[i])
 
 
 def _sections(removed: list[bytes], below: list[bytes]) -> bool:
@@ -1131,7 +1129,7 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             continue  # a docstring shortened: its text is prose
         if not prose and heading(j, g, e):
             continue  # a comment over code that stays, where the old file had one
-        if prose and text.startswith(b"..") and _sections(before[i1:i2], below(n)):
+        if prose and lines[j][:2] == b".." and _sections(before[i1:i2], below(n)):
             continue  # a reST comment between sections: the document's structure
         return found(
             "stand-in",
