@@ -1228,6 +1228,11 @@ def test_most_of_a_file_moved_out_is_a_deletion_and_a_fragment_is_not() -> None:
     # imports alone that nothing uses, are a fragment.
     glued = kept.replace("\n\n\n", "\n")
     assert gated("utils.py", old, glued) == ["elision"]
+    aliases = "import os\nimport sys\n\n# aliases\nA = os.sep\nB = sys.argv\n\n\n" + moved
+    assert gated("utils.py", aliases, "import os\nimport sys\nA = os.sep\nB = sys.argv\n") == [
+        "elision"
+    ]  # glued where the changed lines begin
+    assert gated("utils.py", aliases, "import os\nimport sys\n\nA = os.sep\nB = sys.argv\n") == []
     uses = old.replace("def strategy_9(", "REGISTRY = {}\n\n\ndef strategy_9(")
     uses = uses.replace("return os.sep and y", "return REGISTRY and y")
     assert gated(

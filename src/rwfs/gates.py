@@ -769,32 +769,36 @@ def _indent_of(line: bytes) -> bytes:
 # ---- elision: most of a file deleted, not a fragment of it ----
 
 
-def _deleted(before: list[bytes], after: list[bytes], prose: bool, data: bool) -> bool:
-    """Whether the new lines ``after`` are the old ones ``before`` (both stripped) with runs
-    of lines deleted where the old file's layout parted them (each seam keeps a blank line
-    where the old text had one), and at most lines of code put in: whole definitions moved
-    out or deleted. A fragment a model writes glues what it kept, or leaves a note."""
+def _deleted(old: bytes, new: bytes, prose: bool, data: bool) -> bool:
+    """Whether the new text is the old one with runs of lines deleted where the old
+    file's layout parted them, and at most lines of code put in: whole definitions moved
+    out or deleted. At each seam, two lines now side by side at the same indent (two
+    statements of one block) that the old text parted with a blank line are parted with
+    one still. A fragment a model writes glues what it kept, or leaves a note there."""
+    before = [x.strip() for x in old.split(b"\n")]
+    raw = new.split(b"\n")
     where: dict[bytes, list[int]] = {}
     for i, x in enumerate(before):
         where.setdefault(x, []).append(i)
-    cur, prev = -1, b""
-    for x in after:
+    cur, prev, indent = -1, b"", b""
+    for line in raw:
+        x = line.strip()
         at = where.get(x)
         k = bisect_left(at, cur + 1) if at else 0
         if not at or k == len(at):
             if not at and x and (_marker(x) != _NONE or _standin(x, prose, data) or _comment(x)):
                 return False  # a note put where lines were (a line of the old file moved is none)
-            prev = b"\0" if x else b""  # code put there, or a blank line
+            prev, indent = (b"\0" if x else b""), _indent_of(line)  # code put there, or a blank
             continue
         p = at[k]
-        if p > cur + 1 and prev and x:
+        if p > cur + 1 and prev and x and _indent_of(line) == indent:
             # The line before, where it stands last before this one in the old file.
             q = cur
             if prev in where:
                 q = max(cur, where[prev][bisect_left(where[prev], p) - 1])
             if any(not y for y in before[q + 1 : p]):
                 return False  # two lines the old file parted with a blank line, glued
-        cur, prev = p, x
+        cur, prev, indent = p, x, _indent_of(line)
     return True
 
 
@@ -1171,7 +1175,7 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     if _pruned(path, old, new):
         return None  # functions of families that keep members deleted: tests pruned
     if (
-        _deleted(before, after, prose, data)
+        _deleted(old, new, prose, data)  # whole files: a seam can be where the span begins
         and not _fragment(old, span, new)
         and (not parsers.parse_errors(path, new)[1] or parsers.parse_errors(path, old)[1])
     ):
