@@ -1243,3 +1243,10 @@ def test_most_of_a_file_moved_out_is_a_deletion_and_a_fragment_is_not() -> None:
     decls = "".join(f"int call_{i}(int x);\n" for i in range(20))
     header = f"/* api.h */\n#ifndef API_H\n#define API_H\n\n{decls}#endif /* API_H */\n"
     assert gated("api.h", header, "/* api.h */\n#endif /* API_H */\n") == ["elision"]
+    # ... and so is a licence's last line glued to what was kept (a seam less indented).
+    lic = "/* Licence terms,\n   more terms.  */\n\n"
+    nested = lic + header.replace(
+        "#endif /* API_H */", "#if defined X\n# include <x.h>\n#endif\n#endif"
+    )
+    kept_c = "/* Licence terms,\n   more terms.  */\n#if defined X\n# include <x.h>\n#endif\n"
+    assert gated("api.h", nested, kept_c) == ["elision"]

@@ -772,9 +772,10 @@ def _indent_of(line: bytes) -> bytes:
 def _deleted(old: bytes, new: bytes, prose: bool, data: bool) -> bool:
     """Whether the new text is the old one with runs of lines deleted where the old
     file's layout parted them, and at most lines of code put in: whole definitions moved
-    out or deleted. At each seam, two lines now side by side at the same indent (two
-    statements of one block) that the old text parted with a blank line are parted with
-    one still. A fragment a model writes glues what it kept, or leaves a note there."""
+    out or deleted. At each seam, two lines now side by side that the old text parted
+    with a blank line are parted with one still, unless the second is indented deeper (a
+    block's head over its new first statement). A fragment a model writes glues what it
+    kept, or leaves a note there."""
     before = [x.strip() for x in old.split(b"\n")]
     raw = new.split(b"\n")
     where: dict[bytes, list[int]] = {}
@@ -791,7 +792,8 @@ def _deleted(old: bytes, new: bytes, prose: bool, data: bool) -> bool:
             prev, indent = (b"\0" if x else b""), _indent_of(line)  # code put there, or a blank
             continue
         p = at[k]
-        if p > cur + 1 and prev and x and _indent_of(line) == indent:
+        deeper = len(_indent_of(line)) > len(indent)  # a block's head over its first line
+        if p > cur + 1 and prev and x and not deeper:
             # The line before, where it stands last before this one in the old file.
             q = cur
             if prev in where:
