@@ -1243,6 +1243,14 @@ def test_most_of_a_file_moved_out_is_a_deletion_and_a_fragment_is_not() -> None:
     decls = "".join(f"int call_{i}(int x);\n" for i in range(20))
     header = f"/* api.h */\n#ifndef API_H\n#define API_H\n\n{decls}#endif /* API_H */\n"
     assert gated("api.h", header, "/* api.h */\n#endif /* API_H */\n") == ["elision"]
+    # A block's last tests deleted, its closer now under the test kept: a deletion.
+    its = "".join(
+        f"  it('case {i}', function () {{\n    var x = run({i});\n    check(x);\n  }})\n  \n"
+        for i in range(12)
+    )
+    spec = "var run = require('./run');\n\ndescribe('run', function () {\n" + its + "})\n"
+    first = spec.split("\n  \n")[0] + "\n})\n"
+    assert "elision" not in gated("run.js", spec, first)
     # ... and so is a licence's last line glued to what was kept (a seam less indented).
     lic = "/* Licence terms,\n   more terms.  */\n\n"
     nested = lic + header.replace(

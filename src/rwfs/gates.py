@@ -774,8 +774,8 @@ def _deleted(old: bytes, new: bytes, prose: bool, data: bool) -> bool:
     file's layout parted them, and at most lines of code put in: whole definitions moved
     out or deleted. At each seam, two lines now side by side that the old text parted
     with a blank line are parted with one still, unless the second is indented deeper (a
-    block's head over its new first statement). A fragment a model writes glues what it
-    kept, or leaves a note there."""
+    block's head over its new first statement) or closes a block. A fragment a model
+    writes glues what it kept, or leaves a note there."""
     before = [x.strip() for x in old.split(b"\n")]
     raw = new.split(b"\n")
     where: dict[bytes, list[int]] = {}
@@ -792,8 +792,9 @@ def _deleted(old: bytes, new: bytes, prose: bool, data: bool) -> bool:
             prev, indent = (b"\0" if x else b""), _indent_of(line)  # code put there, or a blank
             continue
         p = at[k]
-        deeper = len(_indent_of(line)) > len(indent)  # a block's head over its first line
-        if p > cur + 1 and prev and x and not deeper:
+        # A block's head over its first line, a block's last line over its closer.
+        inner = len(_indent_of(line)) > len(indent) or _CLOSER.fullmatch(x) is not None
+        if p > cur + 1 and prev and x and not inner:
             # The line before, where it stands last before this one in the old file.
             q = cur
             if prev in where:
