@@ -1114,6 +1114,7 @@ def test_an_emptied_file_refusal_names_the_allowance(mount: Mount) -> None:
     assert env["allow"]["command"] == f"rwfs allow {mount.path}/decoder.py"
     assert env["allow"]["command"] in env["message"]
 
+
 # ---- elision on real version history: what maintainers do that is no elision ----
 
 
@@ -1137,7 +1138,7 @@ def test_an_ellipsis_the_old_file_had_as_a_stub_or_a_yaml_document_end_is_kept()
     # ... while "..." as the body of a method whose head the old file had over code is
     # code left out.
     elided = "    def main(self, args=None):\n        ...\n\n"
-    assert gated("cmd.py", old, "class Command:\n" + stubs + elided + kept + gone) == ["elision"]
+    assert "elision" in gated("cmd.py", old, "class Command:\n" + stubs + elided + kept + gone)
     # YAML: a document end marker after keys replaced; an entry "..." where keys were.
     steps = "".join(f"      - name: step {i}\n        run: make step-{i}\n" for i in range(8))
     yml = f"name: ci\non: [push]\njobs:\n  test:\n    steps:\n{steps}"

@@ -769,7 +769,7 @@ def _indent_of(line: bytes) -> bytes:
 # ---- elision: most of a file deleted, not a fragment of it ----
 
 
-def _deleted(old: bytes, new: bytes, prose: bool, data: bool) -> bool:
+def _moved_out(old: bytes, new: bytes, prose: bool, data: bool) -> bool:
     """Whether the new text is the old one with runs of lines deleted where the old
     file's layout parted them, and at most lines of code put in: whole definitions moved
     out or deleted. At each seam, two lines now side by side that the old text parted
@@ -1178,7 +1178,7 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
     if _pruned(path, old, new):
         return None  # functions of families that keep members deleted: tests pruned
     if (
-        _deleted(old, new, prose, data)  # whole files: a seam can be where the span begins
+        _moved_out(old, new, prose, data)  # whole files: a seam can be where the span begins
         and not _fragment(old, span, new)
         and (not parsers.parse_errors(path, new)[1] or parsers.parse_errors(path, old)[1])
     ):
