@@ -1259,3 +1259,16 @@ def test_most_of_a_file_moved_out_is_a_deletion_and_a_fragment_is_not() -> None:
     )
     kept_c = "/* Licence terms,\n   more terms.  */\n#if defined X\n# include <x.h>\n#endif\n"
     assert gated("api.h", nested, kept_c) == ["elision"]
+
+
+def test_an_example_written_anew_in_docs_may_abbreviate_with_an_ellipsis() -> None:
+    head = "Streaming\n=========\n\nSome words about streaming, and more.\n\n"
+    old_example = "".join(f"    line_{i} = old_call({i})\n" for i in range(12))
+    tail = "\nMore prose after the example, kept as it was.\n" * 3
+    old = head + "Like this::\n\n" + old_example + tail
+    # The section rewritten: a new example that abbreviates itself with "...".
+    new_example = "".join(f"    step_{i} = stream_template({i})\n" for i in range(6))
+    new = head + "Flask now provides helpers::\n\n" + new_example + "    ...\n" + new_example
+    assert gated("docs/streaming.rst", old, new + tail) == []
+    # ...while "..." standing alone where the example was is still an elision.
+    assert gated("docs/streaming.rst", old, head + "Like this::\n\n    ...\n" + tail) == ["elision"]

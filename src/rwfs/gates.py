@@ -1097,6 +1097,8 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             continue  # a definition's stub the old file had (moved, or kept over new lines)
         if lang == "yaml" and document_end(n - first):
             continue  # YAML's document end marker, not an ellipsis
+        if prose and g.put > _ELLIPSIS_LINES:
+            continue  # docs written anew around it: an example's own "...", not a cut
         return found(
             "ellipsis",
             n,
