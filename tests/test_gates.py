@@ -1272,3 +1272,45 @@ def test_an_example_written_anew_in_docs_may_abbreviate_with_an_ellipsis() -> No
     assert gated("docs/streaming.rst", old, new + tail) == []
     # ...while "..." standing alone where the example was is still an elision.
     assert gated("docs/streaming.rst", old, head + "Like this::\n\n    ...\n" + tail) == ["elision"]
+
+
+def test_a_tool_directive_or_a_string_argument_is_no_stand_in() -> None:
+    # A branch folded into one raise: the message's middle string, reworded, continues
+    # the call (its neighbours are strings too), it stands for nothing.
+    old = (
+        "def register(self, app, name):\n    if name in app.blueprints:\n"
+        '        existing = f" {name}"\n\n        if app.blueprints[name] is not self:\n'
+        "            raise ValueError(\n"
+        '                f"The name {name} is already registered for"\n'
+        "                f\" a different blueprint{existing}. Use 'name='\"\n"
+        '                " to provide a unique name."\n            )\n        else:\n'
+        "            import warnings\n\n            warnings.warn(\n"
+        '                f"The name {name} is already registered for"\n'
+        "                f\" this blueprint{existing}. Use 'name=' to\"\n"
+        '                f" provide a unique name. This will become an error"\n'
+        '                " in a later version.",\n                stacklevel=4,\n'
+        "            )\n\n    app.blueprints[name] = self\n"
+    )
+    new = (
+        "def register(self, app, name):\n    if name in app.blueprints:\n"
+        '        desc = "this" if app.blueprints[name] is self else "a different"\n'
+        '        existing = f" {name}"\n\n        raise ValueError(\n'
+        '            f"The name {name} is already registered for"\n'
+        "            f\" {desc} blueprint{existing}. Use 'name=' to\"\n"
+        '            f" provide a unique name."\n        )\n\n    app.blueprints[name] = self\n'
+    )
+    assert gated("bp.py", old, new) == []
+    # A linter's directive over a new import, where most of a module moved out.
+    types = "".join(f"export type Option{i} = 'json' | 'text' | 'buffer{i}';\n" for i in range(40))
+    tail = "".join(f"export const v{i} = {i};\n" for i in range(6))
+    ts_old = "import * as P from 'p-cancelable';\n" + types + tail
+    ts_new = (
+        "import * as P from 'p-cancelable';\n// eslint-disable-next-line import/no-duplicates\n"
+    )
+    assert gated("types.ts", ts_old, ts_new + "import type Request from '../core';\n" + tail) == []
+    # ...while the same places hold a note, they are refused.
+    assert "elision" in gated("types.ts", ts_old, ts_new.replace("eslint", "rest as") + tail)
+    note = (
+        new.split("        raise")[0] + '        "as it was"\n\n    app.blueprints[name] = self\n'
+    )
+    assert "elision" in gated("bp.py", old, note)

@@ -574,6 +574,29 @@ def _standin(line: bytes, prose: bool, data: bool = False) -> bool:
     return 0 < len(words) <= _STANDIN_TEXT
 
 
+# A comment that tells a tool what to do with the next line: never a note standing for code.
+_DIRECTIVE = re.compile(
+    rb"(?:#|//|/\*)\s*(?:eslint-(?:disable|enable)|@ts-(?:ignore|expect-error|nocheck)"
+    rb"|prettier-ignore|istanbul\s+ignore|c8\s+ignore|noqa\b|type:\s*ignore|pylint:"
+    rb"|mypy:|pyright:|fmt:\s*(?:off|on|skip)|pragma\b|NOLINT|clang-format|biome-ignore"
+    rb"|jshint|jscs:|global\s|exported\s|deno-lint-ignore|nosec\b|nolint\b)"
+)
+_QUOTED = re.compile(rb"\s*[rRbBuUfF]{0,2}[\"']")
+
+
+def _argument(lines: list[bytes], j: int) -> bool:
+    """Whether line ``j`` is a string that is part of a longer expression: the line above
+    it opens a bracket, ends with a comma or an operator, or is a string too (implicit
+    concatenation), or the line below is a string or closes the bracket."""
+    if not _QUOTED.match(lines[j]) or lines[j].lstrip().startswith((b'"""', b"'''")):
+        return False
+    above = next((x.strip() for x in reversed(lines[:j]) if x.strip()), b"")
+    below = next((x.strip() for x in lines[j + 1 :] if x.strip()), b"")
+    if (above and above[-1:] in b"([{,+\\") or (below and below[:1] in b")]}"):
+        return True
+    return any(_QUOTED.match(x) and not x.startswith((b'"""', b"'''")) for x in (above, below))
+
+
 def _filler(line: bytes, prose: bool, data: bool) -> bool:
     """A line that puts nothing new where a block was: a closing token, ``pass``, an
     ellipsis, a comment."""
@@ -919,6 +942,8 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
                 kind = _WEAK
         if kind == _NONE and _standin(line, prose, data):
             kind = _LIKE
+        if kind == _LIKE and (_DIRECTIVE.search(line) or _argument(lines, n - first)):
+            kind = _NONE  # a tool's directive, a string that continues a call: not a note
         if kind != _NONE:
             marks.append((n, kind, line))
             offsets[n] = at
