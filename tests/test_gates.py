@@ -1314,3 +1314,14 @@ def test_a_tool_directive_or_a_string_argument_is_no_stand_in() -> None:
         new.split("        raise")[0] + '        "as it was"\n\n    app.blueprints[name] = self\n'
     )
     assert "elision" in gated("bp.py", old, note)
+
+
+def test_jsonc_files_take_comments_and_trailing_commas() -> None:
+    old = '{\n  "compilerOptions": {\n    "target": "es2016"\n  },\n  "include": ["source"]\n}\n'
+    new = old.replace(
+        '"es2016"', '"es2017",\n    // TODO: drop when converted\n    "allowJs": true,'
+    )
+    for name in ("tsconfig.json", "web/tsconfig.build.json", ".vscode/settings.json", "a.jsonc"):
+        assert gated(name, old, new) == [], name
+    assert gated("package.json", old, new) == ["syntax"]  # plain JSON has no comments
+    assert gated("tsconfig.json", old, new.replace('"allowJs": true', '"allowJs":')) == ["syntax"]

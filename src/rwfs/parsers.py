@@ -726,14 +726,40 @@ class _BashOutline:
 # ---- JSON, TOML ----
 
 
-def _json(data: bytes) -> Error | None:
+def _json(data: bytes, path: bytes | None = None) -> Error | None:
     try:
-        json.loads(data)
+        json.loads(_uncommented(data) if path is not None and _jsonc(path) else data)
     except UnicodeDecodeError as exc:
         return 0, str(exc)
     except json.JSONDecodeError as exc:
         return exc.lineno, exc.msg
     return None
+
+
+# JSON files whose readers take comments and trailing commas (JSONC): TypeScript's and
+# VS Code's configuration, ESLint's, dev containers', Babel's, and any ``*.jsonc``.
+_JSONC = re.compile(
+    rb"(?:^|/)(?:[tj]sconfig[\w.-]*\.json|\.eslintrc\.json|\.babelrc(?:\.json)?"
+    rb"|\.?devcontainer\.json|\.vscode/[^/]+\.json|[^/]+\.jsonc)$",
+    re.IGNORECASE,
+)
+_JSONC_COMMENT = re.compile(rb'"(?:\\.|[^"\\\n])*"|//[^\n]*|/\*.*?\*/', re.S)
+_JSONC_COMMA = re.compile(rb'"(?:\\.|[^"\\\n])*"|,(?=\s*[}\]])')
+
+
+def _jsonc(path: bytes) -> bool:
+    return _JSONC.search(path) is not None
+
+
+def _uncommented(data: bytes) -> bytes:
+    """JSONC as JSON: comments blanked (their line breaks kept, so that lines still count)
+    and trailing commas dropped; strings untouched."""
+
+    def blank(m: re.Match[bytes]) -> bytes:
+        t = m.group()
+        return t if t[:1] == b'"' else re.sub(rb"[^\n]", b" ", t)
+
+    return _JSONC_COMMA.sub(blank, _JSONC_COMMENT.sub(blank, data))
 
 
 def _toml(data: bytes) -> Error | None:
@@ -763,7 +789,7 @@ PARSERS: dict[str, Parser] = {
     "bash": _outlined("bash", _BashOutline()),
     "python": _outlined("python", _PythonOutline()),
     "yaml": _outlined("yaml", _YamlOutline()),
-    "json": lambda data, path=None, previous=None: _json(data),
+    "json": lambda data, path=None, previous=None: _json(data, path),
     "toml": lambda data, path=None, previous=None: _toml(data),
 }
 _SUFFIXES = {
