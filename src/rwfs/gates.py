@@ -597,6 +597,19 @@ def _argument(lines: list[bytes], j: int) -> bool:
     return any(_QUOTED.match(x) and not x.startswith((b'"""', b"'''")) for x in (above, below))
 
 
+_FENCE = re.compile(rb"(?m)^[ \t]*(?:```|~~~)")
+
+
+def _in_example(new: bytes, at: int) -> bool:
+    """Whether the line of docs at offset ``at`` is a bare ellipsis in a code sample:
+    indented (a reST literal block) or inside a Markdown fence."""
+    end = new.find(b"\n", at)
+    line = new[at : len(new) if end < 0 else end]
+    if not line.strip() or line.strip().strip(b".\xe2\x80\xa6 "):
+        return False
+    return line[:1] in b" \t" or len(_FENCE.findall(new, 0, at)) % 2 == 1
+
+
 def _filler(line: bytes, prose: bool, data: bool) -> bool:
     """A line that puts nothing new where a block was: a closing token, ``pass``, an
     ellipsis, a comment."""
@@ -1122,7 +1135,7 @@ def elision(old: bytes, new: bytes, cfg: dict[str, Any], path: bytes = b"") -> F
             continue  # a definition's stub the old file had (moved, or kept over new lines)
         if lang == "yaml" and document_end(n - first):
             continue  # YAML's document end marker, not an ellipsis
-        if prose and g.put > _ELLIPSIS_LINES:
+        if prose and g.put > _ELLIPSIS_LINES and _in_example(new, offsets[n]):
             continue  # docs written anew around it: an example's own "...", not a cut
         return found(
             "ellipsis",
