@@ -48,7 +48,7 @@ class Core:
         self.tree = tree
         self.batches = Batches(ws)
         st = os.fstat(ws.root_fd)
-        self.inodes = InodeTable((st.st_dev, st.st_ino), first_free=2)
+        self.inodes = InodeTable((st.st_dev, st.st_ino))
         self.kernel = FakeKernel()
         self.files = Files(ws, self.batches, self.inodes, self.kernel)
         ws.on_committed = self.files.committed

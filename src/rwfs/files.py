@@ -245,7 +245,7 @@ class ReadAt:
     known (``read``), else the replaced file's bytes (``gone``), and whether the file had
     changed since the read anyway (``changed``)."""
 
-    ino: int
+    serial: int  # Inode.serial: inode numbers may be handed on (inodes.py)
     version: int
     replaced: bool = False
     read: str | None = None
@@ -261,7 +261,7 @@ class Files:
         self.batches = batches
         self.inodes = inodes
         self.kernel = kernel
-        # (process, inode) -> the inode's version when that process last opened it to read.
+        # (process, Inode.serial) -> the inode's version when that process last opened it to read.
         self.reads: dict[tuple[int, int], int] = {}
         # path -> process -> what it read there: a save that replaces the file's inode (a
         # rename over it, or unlink and create) leaves the path naming another inode.
@@ -1724,7 +1724,7 @@ class Files:
         it is no longer known), if another process changed the file since; else None."""
         if self.ws.policy.stale_write == "off":
             return None
-        seen = self.reads.get((who.get("pid", 0), inode.ino))
+        seen = self.reads.get((who.get("pid", 0), inode.serial))
         if seen is None or seen == inode.version:
             return None
         return inode.digests.get(seen) or ""  # "": a version too old to be remembered
@@ -1739,7 +1739,7 @@ class Files:
         if self.ws.policy.stale_write == "off":
             return None, -1
         rec = self.read_at.get(path, {}).get(who.get("pid", 0))
-        if rec is None or not rec.replaced or rec.ino == inode.ino:
+        if rec is None or not rec.replaced or rec.serial == inode.serial:
             return None, -1  # (the file it read may be back at its path)
         read, gone = rec.read, rec.gone
         if read is None and gone is not None:
@@ -1759,14 +1759,14 @@ class Files:
         """Process ``pid`` opened the file to read: remember which version it read."""
         if len(self.reads) > READS_MAX or self.read_at_n > READS_MAX:
             self._forget_reads()
-        self.reads[(pid, inode.ino)] = inode.version
+        self.reads[(pid, inode.serial)] = inode.version
         self._note_read(pid, inode)
 
     def _note_read(self, pid: int, inode: Inode) -> None:
         at = self.read_at.setdefault(inode.path, {})
         if pid not in at:
             self.read_at_n += 1
-        at[pid] = ReadAt(inode.ino, inode.version)
+        at[pid] = ReadAt(inode.serial, inode.version)
 
     def _forget_reads(self) -> None:
         """The memory of reads is bounded: past READS_MAX pairs, all are forgotten."""
@@ -1784,7 +1784,7 @@ class Files:
         at = self.read_at.get(path)
         inode = self.inodes.get(ino)
         if at and pid in at and inode is not None:
-            at[pid] = ReadAt(inode.ino, inode.version)
+            at[pid] = ReadAt(inode.serial, inode.version)
 
     def path_leaves(self, path: bytes, actor: int, now: Inode | None = None) -> None:
         """``path`` is about to stop naming its file (renamed over or away, removed; an
@@ -1800,7 +1800,7 @@ class Files:
         mine = at.pop(actor, None)
         if mine is not None:
             if now is not None and not now.is_dir:
-                at[actor] = ReadAt(now.ino, now.version)
+                at[actor] = ReadAt(now.serial, now.version)
             else:
                 self.read_at_n -= 1
         inode = self.inodes.by_path.get(path)
@@ -1810,7 +1810,7 @@ class Files:
         for pid, rec in at.items():
             # Replaced once already (it keeps what it read then), or read as an inode
             # the kernel has forgotten since: not known to be this file.
-            if pid == actor or rec.replaced or rec.ino != inode.ino:
+            if pid == actor or rec.replaced or rec.serial != inode.serial:
                 continue
             rec.replaced = True
             rec.changed = rec.version != inode.version
@@ -1839,10 +1839,10 @@ class Files:
         inode.digests[inode.version] = new
         inode.digests.pop(inode.version - 16, None)
         pid = who.get("pid", 0)
-        key = (pid, inode.ino)
+        key = (pid, inode.serial)
         if key in self.reads:  # a writer has seen its own bytes
             self.reads[key] = inode.version
         for path in inode.paths:
             at = self.read_at.get(path)
             if at is not None and pid in at:
-                at[pid] = ReadAt(inode.ino, inode.version)
+                at[pid] = ReadAt(inode.serial, inode.version)

@@ -320,8 +320,8 @@ class Operations(pyfuse3.Operations):
         self.ws = ws
         self.batches = batches
         st = os.fstat(ws.root_fd)
-        self.inodes = InodeTable((st.st_dev, st.st_ino), first_free=2)
-        self.control = Control(ws, batches, info, self.inodes.allocate)
+        self.inodes = InodeTable((st.st_dev, st.st_ino))
+        self.control = Control(ws, batches, info, self.inodes.allocate_control)
         self.control.live["inodes"] = lambda: len(self.inodes.by_ino)
         self.control.live["open_handles"] = lambda: len(self.handles)
         self.control.live["kernel_cache_flags"] = kernelflags.flagged
@@ -1302,8 +1302,8 @@ class Operations(pyfuse3.Operations):
             assert isinstance(opened, DirHandle)
             return opened
         kept = self._listings.get(ino)
-        if kept is not None and start_id > 0:
-            return kept
+        if kept is not None and start_id > 0 and (kept.node or kept.inode is self.inodes.get(ino)):
+            return kept  # (not a forgotten directory's: its number may be another's now)
         self._listed(ino)
         node = self.control.get(ino)
         if node is not None:

@@ -1,8 +1,29 @@
 """The inode table: FUSE inode numbers, the paths and backing files they stand for.
 
-rwfs hands out its own inode numbers, because a commit replaces a file's backing inode (the
-stage is renamed over it) while the file must keep its identity for the kernel and for every
-open handle. Hard links share one ``Inode`` (found by the backing ``(st_dev, st_ino)``).
+A file's FUSE number is its backing file's own ``st_ino`` when it can be, so that it is the
+same at every mount (git's index records ``st_ino``: a number that changed at each mount
+would make the first ``git status`` after it re-read every file). It cannot always be: a
+commit replaces a file's backing inode (the stage is renamed over it) while the file must
+keep its identity, and so its number, for the kernel and for every open handle. The numbers:
+
+- ``ROOT`` (1): the workspace's root, as FUSE requires;
+- ``2 .. HIGH - 1``: a file's backing ``st_ino``, for a file on the root's device, when no
+  other inode the table knows holds that number (``_number``);
+- ``HIGH .. CONTROL - 1``: counted up, never reused within a mount: a file on another
+  device (a mount inside the workspace), one whose backing number is taken or out of the
+  range, a file an open batch creates (``add_virtual``);
+- ``CONTROL .. LIMIT - 1``: counted up, the ``.rw/`` entries (``allocate_control``).
+
+A number is taken while its ``Inode`` is in ``by_ino``, that is for as long as the kernel
+knows it (lookups), or a handle, a stage or a commit needs it. A file keeps its number when
+a commit gives it a new backing inode (``rekey``), so the number no longer equals the
+backing ``st_ino``; while it is taken, a file whose backing inode has that number (the old
+inode freed by gc and reused by the backing filesystem) gets one from the high range. Two
+files never hold one number at the same time. Once the kernel has forgotten an inode, its
+number may stand for another file (as a plain filesystem reuses a freed inode): what must
+tell one incarnation from another within a mount uses ``Inode.serial``.
+
+Hard links share one ``Inode`` (found by the backing ``(st_dev, st_ino)``).
 Descriptors are bounded: an inode holds a backing descriptor only while it has open handles
 or a stage; paths are resolved from the root descriptor.
 
@@ -15,6 +36,7 @@ tree (``rekey``).
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat
 from dataclasses import dataclass, field
@@ -26,6 +48,11 @@ if TYPE_CHECKING:
     from .workspace import Commit, Stage
 
 ROOT = 1
+HIGH = 1 << 62  # numbers the table counts for tree files (module docstring)
+CONTROL = 3 << 61  # the .rw/ entries' numbers
+LIMIT = 1 << 63  # (kernelflags.DIR_INODE marks a directory's number in a handle)
+
+_serials = itertools.count(1)
 
 
 @dataclass(eq=False, slots=True)  # slots: a mount may know hundreds of thousands of them
@@ -44,6 +71,8 @@ class Inode:
     # kept object (the unlink's pre-image), so st_nlink must be reported as 0 by hand.
     unlinked: bool = False
     _lock: trio.Lock | None = field(default=None, init=False, repr=False)
+    # Unique within a mount, unlike ``ino``, which a forgotten inode's file may hand on.
+    serial: int = field(default_factory=lambda: next(_serials), init=False)
     # Bumped at every commit point that changes what the mount shows, with the digest of
     # each recent version: stale-write detection compares a writer's last read with it.
     version: int = 0
@@ -78,17 +107,41 @@ class Inode:
 
 
 class InodeTable:
-    def __init__(self, root_key: tuple[int, int], first_free: int) -> None:
+    def __init__(self, root_key: tuple[int, int]) -> None:
         root = Inode(ROOT, {b""}, root_key, True, lookups=1)
         self.by_ino: dict[int, Inode] = {ROOT: root}
         self.by_path: dict[bytes, Inode] = {b"": root}
         self.by_key: dict[tuple[int, int], Inode] = {root_key: root}
-        self._next = first_free
+        self.dev = root_key[0]
+        self._next = HIGH
+        self._next_control = CONTROL
+        self.high = 0  # tree files given a number from the high range
 
     def allocate(self) -> int:
+        """A number from the high range, for a tree file (never reused within a mount)."""
         n = self._next
+        if n >= CONTROL:
+            raise OSError(errno.ENOSPC, "out of inode numbers")
         self._next += 1
+        self.high += 1
         return n
+
+    def allocate_control(self) -> int:
+        """A number for a ``.rw/`` entry: above every tree file's."""
+        n = self._next_control
+        if n >= LIMIT:
+            raise OSError(errno.ENOSPC, "out of inode numbers")
+        self._next_control += 1
+        return n
+
+    def _number(self, key: tuple[int, int]) -> int:
+        """The number of a file new to the table: its backing ``st_ino`` when that is
+        on the root's device, in range and taken by no inode the table holds (one kept
+        across a commit, an unlinked one still open); else one from the high range."""
+        dev, ino = key
+        if dev == self.dev and ROOT < ino < HIGH and ino not in self.by_ino:
+            return ino
+        return self.allocate()
 
     def get(self, ino: int) -> Inode | None:
         return self.by_ino.get(ino)
@@ -103,7 +156,7 @@ class InodeTable:
             self.detach(path)  # the path now names another file
         inode = self.by_key.get(key)
         if inode is None:
-            inode = Inode(self.allocate(), set(), key, stat.S_ISDIR(st.st_mode))
+            inode = Inode(self._number(key), set(), key, stat.S_ISDIR(st.st_mode))
             self.by_ino[inode.ino] = inode
             self.by_key[key] = inode
         inode.paths.add(path)
@@ -169,7 +222,8 @@ class InodeTable:
             self.by_path[new] = inode
 
     def rekey(self, inode: Inode, key: tuple[int, int]) -> None:
-        """The inode's bytes now live in another backing inode (a commit renamed it)."""
+        """The inode's bytes now live in another backing inode (a commit renamed it). It
+        keeps its number, which stays taken while the table holds it (``_number``)."""
         if self.by_key.get(inode.key) is inode:
             del self.by_key[inode.key]
         inode.key = key
