@@ -5,6 +5,7 @@ share one (inodes.py, docs/architecture.md "Inode numbers").
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -41,6 +42,7 @@ def test_inode_numbers_are_the_same_after_a_remount(workspace: Path) -> None:
         second = {n: os.stat(workspace / n).st_ino for n in reversed(names)}
         assert {d: os.stat(workspace / d).st_ino for d in ("d0", "d1")} == dirs
         listed = {f"d0/{e.name}": e.inode() for e in os.scandir(workspace / "d0")}
+        assert json.loads((workspace / ".rw" / "status").read_bytes())["high_inodes"] == 0
     finally:
         m.stop()
     check_clean(m)
@@ -183,6 +185,8 @@ def test_files_on_another_device_get_their_own_numbers(workspace: Path) -> None:
             assert len(tree) == 30 and len(other) == 30 and not tree & other
             assert all(HIGH <= i < CONTROL for i in other)
             assert (sub / "g3.txt").read_text() == "other 3\n"
+            status = json.loads((workspace / ".rw" / "status").read_bytes())
+            assert status["high_inodes"] >= 30
         finally:
             m.stop()
     finally:

@@ -323,6 +323,7 @@ class Operations(pyfuse3.Operations):
         self.inodes = InodeTable((st.st_dev, st.st_ino))
         self.control = Control(ws, batches, info, self.inodes.allocate_control)
         self.control.live["inodes"] = lambda: len(self.inodes.by_ino)
+        self.control.live["high_inodes"] = lambda: self.inodes.high
         self.control.live["open_handles"] = lambda: len(self.handles)
         self.control.live["kernel_cache_flags"] = kernelflags.flagged
         self._no_opendir = False
