@@ -476,38 +476,43 @@ def test_removing_the_only_known_name_of_a_linked_file_finds_its_other_name(
     ]
 
 
+async def during_its_commit_point(core: Core, inode: Any, op: Any, *args: Any) -> None:
+    """Close ``inode`` and, while its commit point is under way (sealed, waiting for a
+    worker thread to hash it: every slot is taken here, as a collection, a group commit
+    and other seals can take them), run ``op(*args)``; then let the threads go."""
+    from rwfs import workspace
+
+    limiter = workspace._LIMIT
+    holders = [object() for _ in range(int(limiter.total_tokens))]
+    for h in holders:
+        await limiter.acquire_on_behalf_of(h)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(core.close, inode)  # the seal waits for a worker thread
+        await trio.sleep(0.05)
+        assert inode.stage is not None and inode.stage.sealed and inode.pending is None
+        nursery.start_soon(op, *args)
+        await trio.sleep(0.05)
+        for h in holders:
+            limiter.release_on_behalf_of(h)
+    await core.ws.sync()
+
+
 def test_a_save_by_rename_during_its_temporary_files_commit_point_carries_its_bytes(
     tree: Path, run: Run
 ) -> None:
     """The rename of a temporary file whose commit point is under way (sealed, hashed
-    in a worker thread, not queued yet: here every worker-thread slot is taken, as a
-    collection, a group commit and other seals can take them) waits for that commit and
-    carries it. It used to move the tree's empty temporary at once and journal that: a
+    in a worker thread, not queued yet) waits for that commit and carries it. It used to move the tree's empty temporary at once and journal that: a
     rename of the empty file, then the temporary's write under the new name, so the
     history of the target gained an empty version it never had."""
-    from rwfs import workspace
-
     (tree / "f.txt").write_bytes(b"old\n")
     (tree / ".t").write_bytes(b"")  # made empty, as a save's temporary is
     new = b"the new text of f.txt\n" * 2000  # past SEAL_ON_LOOP: hashed in a thread
 
     async def body(core: Core) -> None:
-        limiter = workspace._LIMIT
-        holders = [object() for _ in range(int(limiter.total_tokens))]
         t = core.inode(".t")
         core.inode("f.txt")
         await core.write(t, new)
-        for h in holders:
-            await limiter.acquire_on_behalf_of(h)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(core.close, t)  # the seal waits for a worker thread
-            await trio.sleep(0.05)
-            assert t.stage is not None and t.stage.sealed and t.pending is None
-            nursery.start_soon(core.files.rename, b".t", b"f.txt", 0, WHO)
-            await trio.sleep(0.05)
-            for h in holders:
-                limiter.release_on_behalf_of(h)
-        await core.ws.sync()
+        await during_its_commit_point(core, t, core.files.rename, b".t", b"f.txt", 0, WHO)
 
     core = run(tree, body)
     assert (tree / "f.txt").read_bytes() == new and not (tree / ".t").exists()
@@ -528,32 +533,18 @@ def test_a_removal_during_a_commit_point_keeps_the_written_bytes_as_a_version(
     """An unlink of a file whose commit point is under way (or a rename over it) waits for
     the commit and keeps it as the removed version: the removal's event names the bytes
     written before it, not the older ones, and undo would bring those back."""
-    from rwfs import workspace
-
     (tree / "f.txt").write_bytes(b"old\n")
     (tree / "g.txt").write_bytes(b"other\n")
     new = b"the new text of f.txt\n" * 2000  # past SEAL_ON_LOOP: hashed in a thread
 
     async def body(core: Core) -> None:
-        limiter = workspace._LIMIT
-        holders = [object() for _ in range(int(limiter.total_tokens))]
         f = core.inode("f.txt")
         core.inode("g.txt")
         await core.write(f, new)
-        for h in holders:
-            await limiter.acquire_on_behalf_of(h)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(core.close, f)  # the seal waits for a worker thread
-            await trio.sleep(0.05)
-            assert f.stage is not None and f.stage.sealed and f.pending is None
-            if how == "unlink":
-                nursery.start_soon(core.files.remove, b"f.txt", WHO, False)
-            else:
-                nursery.start_soon(core.files.rename, b"g.txt", b"f.txt", 0, WHO)
-            await trio.sleep(0.05)
-            for h in holders:
-                limiter.release_on_behalf_of(h)
-        await core.ws.sync()
+        if how == "unlink":
+            await during_its_commit_point(core, f, core.files.remove, b"f.txt", WHO, False)
+        else:
+            await during_its_commit_point(core, f, core.files.rename, b"g.txt", b"f.txt", 0, WHO)
 
     core = run(tree, body)
     digest = "sha256:" + hashlib.sha256(new).hexdigest()
