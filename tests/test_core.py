@@ -88,6 +88,33 @@ def test_events_are_read_in_chunks_without_losing_any(tmp_path: Path, monkeypatc
     s.close()
 
 
+def test_the_newest_events_are_read_back_from_the_end(tmp_path: Path, monkeypatch: Any) -> None:
+    from rwfs import store
+
+    monkeypatch.setattr(store, "EVENTS_CHUNK", 4)
+    s = Store(str(tmp_path / "j"))
+    s.write(
+        lambda txn: [txn.append_event({"op": "write", "path": "abc"[i % 3]}) for i in range(23)]
+    )
+    every = list(s.events())
+    for last in (1, 3, 4, 5, 9, 23, 40):
+        for since in (0, 7, 22, 23):
+            for path in (None, "a", "c"):
+
+                def wanted(ev: dict[str, Any], path: str | None = path) -> bool:
+                    return path is None or ev["path"] == path
+
+                expect = [e for e in every if e["lsn"] > since and wanted(e)][-last:]
+                assert s.newest(last, since, wanted) == expect, (last, since, path)
+    assert s.newest(0) == []
+    # It reads no further back than it must: the last 2 events read 2, not all 23.
+    read = []
+    real = store.json.loads
+    monkeypatch.setattr(store.json, "loads", lambda raw: read.append(1) or real(raw))
+    assert [e["lsn"] for e in s.newest(2)] == [22, 23] and len(read) == 2
+    s.close()
+
+
 def test_refused_drafts_are_indexed_also_in_a_store_that_predates_the_index(
     tmp_path: Path,
 ) -> None:

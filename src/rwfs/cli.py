@@ -189,9 +189,13 @@ def cmd_log(a: argparse.Namespace) -> int:
 
     shown = 0
     try:
-        events: Iterator[dict[str, Any]] = (ev for ev in store.events(since=a.since) if wanted(ev))
-        if a.last is not None:
-            events = iter(collections.deque(events, maxlen=a.last))
+        events: Iterator[dict[str, Any]]
+        if a.last is not None and isinstance(store, Store):
+            events = iter(store.newest(a.last, a.since, wanted))  # read back from the end
+        else:
+            events = (ev for ev in store.events(since=a.since) if wanted(ev))
+            if a.last is not None:
+                events = iter(collections.deque(events, maxlen=a.last))
         last = a.since
         for ev in events:
             _print_event(ev, a.json)

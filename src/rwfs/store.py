@@ -504,6 +504,47 @@ class Store:
                 break
         yield from newest
 
+    def newest(
+        self,
+        last: int,
+        since: int = 0,
+        wanted: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> list[dict[str, Any]]:
+        """The ``last`` newest events with LSN > ``since`` that ``wanted`` accepts (all when
+        None), oldest first. Read backwards from the journal's end, ``EVENTS_CHUNK`` at a
+        time, each batch in a short read transaction of its own: the cost is the events
+        read back to the oldest of those, not the journal (``rwfs log --last N``)."""
+        out: list[dict[str, Any]] = []
+        below: int | None = None  # read the events before this LSN (None: from the end)
+        while last > 0:
+            with self.env.begin() as txn:
+                cur = txn.cursor(db=self.db[b"events"])
+                if below is None or not cur.set_range(u64(below)):
+                    placed = cur.last()
+                else:
+                    placed = cur.prev()
+                if not placed:
+                    break
+                below = None
+                for n, (key, raw) in enumerate(cur.iterprev(), 1):
+                    lsn = from_u64(key)
+                    if lsn <= since:
+                        break
+                    ev = json.loads(raw)
+                    if b'"match"' in raw:
+                        _redact(ev)
+                    if wanted is None or wanted(ev):
+                        out.append(ev)
+                        if len(out) == last:
+                            break
+                    if n == EVENTS_CHUNK:
+                        below = lsn
+                        break
+            if below is None:
+                break
+        out.reverse()
+        return out
+
     def refusals(self) -> list[dict[str, Any]]:
         """``{path, draft, intended}`` of every refused draft, oldest first."""
         return self._all(b"refused")
