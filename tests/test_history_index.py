@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from rwfs import timelines
 from rwfs.history import History
 from rwfs.objects import EMPTY_DIGEST
-from rwfs.store import Store
+from rwfs.store import Store, u64
 
 OLD, V1, V2, V3, OTHER = (f"sha256:{c * 64}" for c in "abcde")
 
@@ -136,7 +137,7 @@ def test_a_directory_rename_moves_the_files_below_it(store: Store) -> None:
     assert digests(h, "e/a") == [OLD, V1, V2]
     assert h.state_at(b"e/a", lsns[0]) == (True, None)
     assert h.state_at(b"d/a", lsns[0]) == (True, V1)
-    assert b"d" not in h.paths and b"e" not in h.paths  # directories have no timeline
+    assert not h.has(b"d") and not h.has(b"e")  # directories have no timeline
     assert h.children(b"", listed=True) == {b"e"}
 
 
@@ -214,3 +215,103 @@ def test_a_file_made_again_later_is_a_new_file_for_undo(store: Store) -> None:
     )
     assert undo_of(store, "b1") == {b"f.py": (V1, EMPTY_DIGEST)}
     assert undo_of(store, "b2") == {b"h.py": (V2, EMPTY_DIGEST)}
+
+
+def every_answer(h: History) -> dict[str, Any]:
+    """What the index answers about the paths of ``test_index_of_an_old_store…``."""
+    paths = [b"a.py", b"sedAbc123", b"d/x", b"e/x", b"gone.txt", b"main.py", b"app.py"]
+    return {
+        "versions": {p: digests(h, p.decode()) for p in paths},
+        "states": {(p, lsn): h.state_at(p, lsn) for p in paths for lsn in range(12)},
+        "listed": h.children(b"", listed=True),
+        "all": h.children(b""),
+        "holders": {d: h.holders(d) for d in (OLD, V1, V2, V3, OTHER)},
+    }
+
+
+def test_the_index_of_an_old_store_is_built_once_and_answers_the_same(tmp_path: Path) -> None:
+    """A store written before the history index: its events are indexed at the first
+    open, and a build cut short goes on where it stopped."""
+    s = Store(str(tmp_path / "journal"))
+    sed_i(s, "a.py", "sedAbc123", OLD, V1)
+    journal(s, write("d/x", OLD, V2), rename("d", "e", None, None), write("gone.txt", None, V3))
+    journal(
+        s, unlink("gone.txt", V3), write("app.py", OTHER, V1), rename("app.py", "main.py", None, V1)
+    )
+    want = every_answer(History(s))
+    s.close()
+
+    def forget(upto: int) -> None:
+        """Empty the index, as an old rwfs left it, then index the events to ``upto`` as
+        a build cut short there does."""
+        s = Store(str(tmp_path / "journal"))
+        events = list(s.events())
+        with s.env.begin(write=True) as txn:
+            for name in timelines.DBS:
+                txn.drop(s.db[name], delete=False)
+            rows = timelines.Rows(txn, s.db, s.max_key)
+            for ev in events[:upto]:
+                rows.apply(ev)
+            txn.put(b"index:history", u64(0), db=s.db[b"meta"])
+            txn.put(b"index:history_lsn", u64(upto), db=s.db[b"meta"])
+        s.close()
+
+    for upto in (0, 4):
+        forget(upto)
+        again = Store(str(tmp_path / "journal"))
+        try:
+            assert again.meta_int(b"index:history") == 1
+            assert again.meta_int(b"index:history_lsn") == again.meta_int(b"lsn")
+            assert every_answer(History(again)) == want
+        finally:
+            again.close()
+
+
+def random_journal(store: Store, rnd: Any) -> None:
+    """Up to 25 events over a few names: writes, creates, removals, renames (of files and
+    directories, onto passthrough names too), exchanges, links and chmods."""
+    names = ["a", "b", "d/a", "d/b", "e/a", "t1", "t2", "d", "e"]
+    some = [OLD, V1, V2, V3, OTHER, EMPTY_DIGEST]
+    for _ in range(rnd.randint(1, 25)):
+        p, q, op = rnd.choice(names), rnd.choice(names), rnd.randrange(7)
+        if op == 0:
+            ev = create(p)
+        elif op == 1:
+            ev = write(p, rnd.choice([*some, None]), rnd.choice(some))
+        elif op == 2:
+            ev = unlink(p, rnd.choice(some))
+        elif op == 3 and p != q:
+            ev = rename(p, q, rnd.choice([*some, None]), rnd.choice([*some, None]))
+            ev["untracked"] = rnd.random() < 0.1
+        elif op == 4 and p != q:
+            ev = {**rename(p, q, None, None), "exchange": True}
+        elif op == 5:
+            ev = {"op": "link", "path": p, "intended": rnd.choice(some)}
+        else:
+            ev = {"op": "setattr", "path": p, "mode": 0o600, "owner": [1, 2]}
+        journal(store, ev)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_history_lists_every_version_any_path_held(tmp_path: Path, seed: int) -> None:
+    """What ``history/`` leaves out is only ever bytes a path it lists holds too: of any
+    sequence of events, every version of every path is a version of a listed path, and
+    every path that exists is listed."""
+    import random
+
+    s = Store(str(tmp_path / "journal"))
+    try:
+        random_journal(s, random.Random(seed))
+        h = History(s)
+        every = [p for p, _ in h.timelines()]
+        listed = set()
+        for top in [b"", *{p.rsplit(b"/", 1)[0] for p in every if b"/" in p}]:
+            listed |= {top + b"/" + n if top else n for n in h.children(top, listed=True)}
+        listed = {p for p in listed if h.has(p)}
+        shown = {v.digest for p in listed for v in h.versions(p)}
+        for p in every:
+            assert {v.digest for v in h.versions(p)} <= shown, p
+            if h.timeline(p)[-1].digest is not None:
+                assert p in listed, p
+    finally:
+        s.close()

@@ -278,12 +278,12 @@ def test_history_keeps_each_versions_owner_and_mode(tmp_path: Path) -> None:
                 (v3, (9, 9), 0o640),
             ][1:]
         )  # (the empty start of a new file is not listed)
-        assert h.meta[b"b"] == ((9, 9), 0o640) and h.meta[b"a"] == ((9, 9), 0o644)
+        assert h.meta(b"b") == ((9, 9), 0o640) and h.meta(b"a") == ((9, 9), 0o644)
         # A file rwfs first saw already there: its mode is known, its owner is not (the
         # live file's, or the workspace owner's: control.py).
         assert [(v.owner, v.mode) for v in h.versions(b"old")] == [(None, 0o444)] * 2
         assert [(v.owner, v.mode) for v in h.versions(b"y")] == [((5, 5), 0o600)]
-        assert [(v.owner, v.mode) for v in h.paths[b"x"]] == [((5, 5), 0o600)] * 2
+        assert [(v.owner, v.mode) for v in h.timeline(b"x")] == [((5, 5), 0o600)] * 2
         at = h.version_at(b"a", 3)
         assert at is not None and (at.digest, at.mode) == (v2, 0o644)
     finally:

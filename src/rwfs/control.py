@@ -10,6 +10,7 @@ Later features add entries with ``Control.add``; nothing here knows about FUSE.
 
 from __future__ import annotations
 
+import bisect
 import calendar
 import contextlib
 import errno
@@ -337,7 +338,7 @@ class Control:
                 owner = owner or (st.st_uid, st.st_gid)
                 mode = stat.S_IMODE(st.st_mode) if mode is None else mode
             else:
-                known, last = self.history.meta.get(path, (None, None))
+                known, last = self.history.meta(path)
                 owner, mode = owner or known, last if mode is None else mode
         if owner is None:
             owner = self.ws_owner()
@@ -347,7 +348,7 @@ class Control:
         """``history/PATH/``: a directory's owner and mode; for a file's versions (their
         names hold a prefix of their digests) the file's, listable by who may read it."""
         st = self._lstat(path)
-        if not (st is not None and stat.S_ISDIR(st.st_mode)) and path in self.history.paths:
+        if not (st is not None and stat.S_ISDIR(st.st_mode)) and self.history.has(path):
             return as_dir(self.file_perm(path))
         return self._dir_of(st)
 
@@ -777,11 +778,8 @@ class Control:
             return "is longer than a path can be (names up to 255 bytes, paths up to 4,095)"
         if path == b".rw" or path.startswith(b".rw/"):
             return "is rwfs's control directory, which has no history"
-        h = self.history
-        with h.lock:  # (worker threads read the index too)
-            h.refresh()
-            if any(p == path or p.startswith(path + b"/") for p in h.paths):
-                return ""
+        if self.history.has_below(path):
+            return ""
         return "names nothing the journal has a version of"
 
     async def _gc(self, args: list[str], who: dict[str, Any]) -> None:
@@ -1212,7 +1210,7 @@ class HistoryViews:
     def find(self, name: bytes) -> CNode | None:
         """A path ``history/`` does not list (a temporary file renamed over its target, a
         removed copy of bytes another path keeps) is still there by name."""
-        if name not in self.c.history.children(self.prefix):
+        if not self.c.history.has_below(self._path(name)):
             return None
         self.node.unlisted.add(name)
         return self._child(name)
@@ -1339,16 +1337,13 @@ class SnapshotViews:
     ) -> dict[bytes, tuple[str | None, str | None]]:
         """What restoring ``snap`` (or those paths, and what is below them) means: path ->
         (what the journal says it holds now, what it held then)."""
-        h = self.c.history
         out = {}
-        with h.lock:  # (worker threads read the index too)
-            h.refresh()
-            for path, versions in h.paths.items():
-                if paths and not any(path == p or path.startswith(p + b"/") for p in paths):
-                    continue
-                changed, then = h.state_at(path, int(snap["lsn"]))
-                if changed and versions[-1].digest != then:
-                    out[path] = (versions[-1].digest, then)
+        lsn = int(snap["lsn"])
+        for path, versions in self.c.history.timelines(paths or None):
+            i = bisect.bisect_right([v.lsn for v in versions], lsn)
+            then = versions[i - 1].digest if i else None
+            if versions[-1].lsn > lsn and versions[-1].digest != then:
+                out[path] = (versions[-1].digest, then)
         return out
 
 
@@ -1383,20 +1378,16 @@ class TreeView:
                     out[name] = "dir" if entry.is_dir(follow_symlinks=False) else "live"
             finally:
                 os.close(fd)
-        with h.lock:  # (worker threads read the index too)
-            for name in h.children(self.prefix):
-                path = self.prefix + b"/" + name if self.prefix else name
-                changed, then = h.state_at(path, self.lsn)
-                if path in h.paths and changed:
-                    if then is None:
-                        out.pop(name, None)
-                    else:
-                        out[name] = then
-                if any(
-                    p.startswith(path + b"/") and h.state_at(p, self.lsn)[1] is not None
-                    for p in h.paths
-                ):
-                    out[name] = "dir"
+        for name in h.children(self.prefix):
+            path = self.prefix + b"/" + name if self.prefix else name
+            changed, then = h.state_at(path, self.lsn)
+            if changed:  # (a path with no timeline never changed)
+                if then is None:
+                    out.pop(name, None)
+                else:
+                    out[name] = then
+            if h.exists_below_at(path, self.lsn):
+                out[name] = "dir"
         return out
 
     def refresh(self) -> None:

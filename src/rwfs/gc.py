@@ -28,6 +28,7 @@ room anyway. The CLI runs ``collect`` directly on an unmounted workspace.
 
 from __future__ import annotations
 
+import bisect
 import calendar
 import contextlib
 import fcntl
@@ -223,12 +224,14 @@ def needed(store: Store, history: History) -> set[str]:
         keep.add(h["note"])
     for r in store.refusals():  # a refused draft is never lost (SPEC I5)
         keep.add(r["intended"])
-    history.refresh()
-    for versions in history.paths.values():
+    points = sorted({int(s["lsn"]) for s in store.snapshots()})
+    for _, versions in history.timelines():
         keep.add(versions[-1].digest)
-    for snap in store.snapshots():
-        for path in history.paths:
-            keep.add(history.state_at(path, int(snap["lsn"]))[1])
+        lsns = [v.lsn for v in versions]
+        for lsn in points:  # what each snapshot's tree shows of this path
+            i = bisect.bisect_right(lsns, lsn)
+            if i:
+                keep.add(versions[i - 1].digest)
     return {d for d in keep if d and isinstance(d, str)}
 
 
@@ -237,7 +240,7 @@ def recent(store: Store, history: History, cutoff: float) -> dict[str, tuple[flo
     to the second, and the LSN of that event); the newest first to be kept under the
     budget."""
     out: dict[str, tuple[float, int]] = {}
-    for versions in history.paths.values():
+    for _, versions in history.timelines():
         for old, new in zip(versions, versions[1:], strict=False):
             when = (_epoch(new.ts), new.lsn)
             if old.digest and when[0] >= cutoff:
@@ -248,7 +251,7 @@ def recent(store: Store, history: History, cutoff: float) -> dict[str, tuple[flo
 def removed_bytes(history: History) -> set[str]:
     """Digests that are the last bytes of a path an unlink removed."""
     out = set()
-    for versions in history.paths.values():
+    for _, versions in history.timelines():
         for old, new in zip(versions, versions[1:], strict=False):
             if new.digest is None and old.digest:
                 out.add(old.digest)
@@ -433,7 +436,7 @@ class Retention:
 
         self.c = control
         self.ws = control.ws
-        self.history = History(self.ws.store)  # its own: the views' index stays free
+        self.history = History(self.ws.store)
         self.lock = trio.Lock()
         self.kept: int | None = None  # own bytes the store kept after the last collection
         self.added_at = 0  # ObjectStore.added then
@@ -539,16 +542,15 @@ class Retention:
                     return {"objects": len(found), "removed": 0, "freed_bytes": 0}
 
                 def decide() -> Plan:
-                    with self.history.lock:
-                        p = plan(
-                            self.ws.store,
-                            self.history,
-                            self.ws.policy,
-                            found,
-                            time.time(),
-                            tree,
-                            goal=goal,
-                        )
+                    p = plan(
+                        self.ws.store,
+                        self.history,
+                        self.ws.policy,
+                        found,
+                        time.time(),
+                        tree,
+                        goal=goal,
+                    )
                     if p.drop or reason is None:
                         record(self.ws.store, p, found, reason)
                         take_out(objects, p.drop)
@@ -588,12 +590,11 @@ class Retention:
                 )
 
                 def make_room() -> Plan:
-                    with self.history.lock:
-                        now = time.time()
-                        args = (self.ws.store, self.history, self.ws.policy, found, now)
-                        p = plan(*args, self.tree, spare, removed_only=True)
-                        if not (removals and p.drop):
-                            p = plan(*args, self.tree, spare, goal=goal)
+                    now = time.time()
+                    args = (self.ws.store, self.history, self.ws.policy, found, now)
+                    p = plan(*args, self.tree, spare, removed_only=True)
+                    if not (removals and p.drop):
+                        p = plan(*args, self.tree, spare, goal=goal)
                     if p.drop:
                         record(self.ws.store, p, found, "disk_full")
                         _unlink(objects, p.drop, lambda msg: None)

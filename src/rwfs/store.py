@@ -57,6 +57,13 @@ values are listed here, and this docstring is the canonical reference for them.
 ``notices``    — u64 id → JSON notice ``{id, ts, kind, batch, message, …}`` (SPEC §6.2).
 ``snapshots``  — snapshot name (ASCII) → JSON ``{name, lsn, ts}``: a named point of the
                  journal (history.py reconstructs the tree at ``lsn``).
+``hist_paths``, ``hist_versions``, ``hist_origins``, ``hist_holders``, ``hist_held`` — the
+                 history index (every path's timeline, where its files came from, which
+                 paths hold which bytes), kept by ``append_event`` in the event's own
+                 transaction; keys and values: timelines.py. Built from ``events`` once,
+                 when a store that predates it is opened (``meta`` ``b"index:history"``:
+                 1 once done; ``b"index:history_lsn"``: the last event indexed so far, so
+                 that an interrupted build goes on where it stopped).
 ``scratch``    — name (bytes: one file name, at most 255 bytes, NAME_MAX) → JSON ``{name,
                  digest, size, ts, pid, comm, uid}``: files of ``.rw/scratch/`` (their
                  bytes are objects).
@@ -89,6 +96,7 @@ import collections
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import struct
@@ -97,6 +105,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import lmdb
+
+from . import timelines
+
+log = logging.getLogger("rwfs")
 
 SCHEMA_VERSION = b"1"
 EVENT_KEYS = ("batch", "expected", "intended", "size", "pid", "comm", "uid")
@@ -117,6 +129,7 @@ _DBS = (
     b"handoffs",
     b"refused",
     b"held",
+    *timelines.DBS,
 )
 # The ``paths`` keys of paths too long to be LMDB keys start with this: no path holds a NUL.
 LONG_PATH = b"\0#"
@@ -197,6 +210,7 @@ class Txn:
         return lsn
 
     def _index(self, event: dict[str, Any]) -> None:
+        timelines.Rows(self._t, self._s.db, self._s.max_key).apply(event)
         if event["op"] == "refuse":
             row = {k: event.get(k) for k in ("path", "draft", "intended")}
             row |= {k: event[k] for k in ("uid", "gid") if event.get(k) is not None}
@@ -396,7 +410,10 @@ class Store:
         self.max_key = self.env.max_key_size()
         self.newest_ts: str | None = None  # (append_event: see last_ts)
         if readonly:
-            self.db = {name: self.env.open_db(name, create=False) for name in _DBS}
+            self.db = {}
+            for name in _DBS:
+                with contextlib.suppress(lmdb.NotFoundError):  # (a store from before it)
+                    self.db[name] = self.env.open_db(name, create=False)
             return
         self.db = {name: self.env.open_db(name) for name in _DBS}
         with self.env.begin(write=True) as txn:
@@ -404,6 +421,7 @@ class Store:
             if found is None:
                 txn.put(b"schema", SCHEMA_VERSION, db=self.db[b"meta"])
                 txn.put(b"index:links", u64(1), db=self.db[b"meta"])  # nothing to repair
+                txn.put(b"index:history", u64(1), db=self.db[b"meta"])  # nothing to index
             elif found != SCHEMA_VERSION:
                 raise RuntimeError(
                     f"journal schema {found.decode()} is not {SCHEMA_VERSION.decode()}; "
@@ -411,6 +429,8 @@ class Store:
                 )
         if self.meta_int(b"index:refused") == 0:
             self._build_refused()
+        if self.meta_int(b"index:history") == 0:
+            self._build_history()
 
     def _build_refused(self) -> None:
         """Index the refusals of a store that predates the ``refused`` database."""
@@ -422,6 +442,31 @@ class Store:
             txn.set_meta_int(b"index:refused", 1)
 
         self.write(build)
+
+    def _build_history(self) -> None:
+        """Index the history of a store that predates the history index, once: its events
+        in order, ``EVENTS_CHUNK`` to a transaction, each recording how far it got."""
+        last = self.meta_int(b"lsn")
+        done = self.meta_int(b"index:history_lsn")
+        log.warning("rwfs: indexing the history of %d journal events, once", last - done)
+        chunk: list[dict[str, Any]] = []
+
+        def build(txn: Txn, final: bool) -> None:
+            rows = timelines.Rows(txn._t, self.db, self.max_key)
+            for ev in chunk:
+                rows.apply(ev)
+            if chunk:
+                txn.set_meta_int(b"index:history_lsn", chunk[-1]["lsn"])
+            if final:
+                txn.set_meta_int(b"index:history", 1)
+
+        for ev in self.events(since=done):
+            chunk.append(ev)
+            if len(chunk) == EVENTS_CHUNK:
+                self.write(build, False)
+                log.warning("rwfs: history indexed to event %d of %d", ev["lsn"], last)
+                chunk = []
+        self.write(build, True)
 
     def last_ts(self, txn: lmdb.Transaction) -> str:
         """The ``ts`` of the newest event ("" for none), read once, then kept."""
