@@ -297,3 +297,39 @@ def test_a_conflicts_actual_bytes_stay_after_the_file_changes_again(workspace: P
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_a_plan_gives_back_what_became_needed_after_it(tmp_path: Path) -> None:
+    """In-process: the daemon plans a collection without the commit lock, from the journal
+    at an LSN; what an event after it names (a write back to bytes the plan dropped) and
+    what a commit not yet recorded names stay (gc.confirm)."""
+    from rwfs import gc
+    from rwfs.history import History
+    from rwfs.policy import Policy
+    from rwfs.store import Store
+
+    v = [f"sha256:{c * 64}" for c in "abcdef"]
+    s = Store(str(tmp_path / "journal"))
+    try:
+        for old, new in zip(v, v[1:4], strict=False):  # a: v0 -> v1 -> v2 -> v3
+            s.write(
+                lambda txn, o=old, n=new: txn.append_event(
+                    {"op": "write", "path": "a", "expected": o, "intended": n}
+                )
+            )
+        found = {d: 10 for d in v[:4]}
+        at = s.meta_int(b"lsn")
+        policy = Policy.parse("retain_days = 0\n")
+        p = gc.plan(s, History(s), policy, found, time.time() + 86400)
+        assert sorted(p.drop) == v[:3]  # every old version, by age; the newest stays
+        # After the plan: a write back to v0's bytes, and a commit queued that names v1.
+        s.write(
+            lambda txn: txn.append_event(
+                {"op": "write", "path": "b", "expected": None, "intended": v[0]}
+            )
+        )
+        q = gc.confirm(s, p, found, at, frozenset({v[1]}))
+        assert q.drop == [v[2]] and q.freed == 10 and q.kept == 30
+        assert sorted(gc.confirm(s, p, found, s.meta_int(b"lsn"), frozenset()).drop) == v[:3]
+    finally:
+        s.close()

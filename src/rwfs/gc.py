@@ -18,9 +18,15 @@ large file costs the blocks a change gave it, not its size.
 Whoever keeps an object and journals what refers to it does both under
 ``Workspace.commit_lock`` (``Workspace.exclusive``). The daemon's collection
 (``Retention``) lists the store and measures the tree outside that lock, in a worker
-thread; then, under it, after a flush, decides, journals a ``gc`` event and moves what goes
-to ``objects/trash/``; the unlinks, which free the space, come after the lock is released.
-So writers wait for it no longer than for a commit of the group committer. On a full disk
+thread, and decides there too, from the journal as it stands at an LSN (``plan``: it reads
+every path's timeline, which takes seconds on a large journal). Then, under the lock,
+after a flush, it takes back from what goes whatever became needed since (``confirm``:
+what the events after that LSN name, and the records that pin objects: unsettled
+receipts, conflicts, batches, the scratchpad, chunks, handoffs, refused drafts, the
+commits not yet recorded), journals a ``gc`` event and moves what goes to
+``objects/trash/``; the unlinks, which free the space, come after the lock is released.
+So writers wait for it no longer than for a commit of the group committer plus a read of
+those records and events. On a full disk
 (``Retention.reclaim``: a writer's ENOSPC) all of it is done under the lock, without a
 flush (the queued commits may need the room), unlinks included: the writer waits for the
 room anyway. The CLI runs ``collect`` directly on an unmounted workspace.
@@ -31,6 +37,7 @@ from __future__ import annotations
 import bisect
 import calendar
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import math
@@ -206,6 +213,20 @@ def short_of_room(state_fd: int, policy: Policy) -> int:
 
 def needed(store: Store, history: History) -> set[str]:
     """Digests that must stay whatever the retention policy says."""
+    keep: set[str | None] = set(pinned(store))
+    points = sorted({int(s["lsn"]) for s in store.snapshots()})
+    for _, versions in history.timelines():
+        keep.add(versions[-1].digest)
+        lsns = [v.lsn for v in versions]
+        for lsn in points:  # what each snapshot's tree shows of this path
+            i = bisect.bisect_right(lsns, lsn)
+            if i:
+                keep.add(versions[i - 1].digest)
+    return {d for d in keep if d and isinstance(d, str)}
+
+
+def pinned(store: Store) -> set[str]:
+    """Digests the journal's records (not its history) keep: cheap to read again."""
     keep: set[str | None] = set()
     for r in store.unsettled():
         keep |= {r.get("expected"), r.get("intended")}
@@ -224,15 +245,20 @@ def needed(store: Store, history: History) -> set[str]:
         keep.add(h["note"])
     for r in store.refusals():  # a refused draft is never lost (SPEC I5)
         keep.add(r["intended"])
-    points = sorted({int(s["lsn"]) for s in store.snapshots()})
-    for _, versions in history.timelines():
-        keep.add(versions[-1].digest)
-        lsns = [v.lsn for v in versions]
-        for lsn in points:  # what each snapshot's tree shows of this path
-            i = bisect.bisect_right(lsns, lsn)
-            if i:
-                keep.add(versions[i - 1].digest)
     return {d for d in keep if d and isinstance(d, str)}
+
+
+def confirm(store: Store, p: Plan, found: dict[str, int], lsn: int, spare: frozenset[str]) -> Plan:
+    """Under the commit lock, after a flush: ``p``, decided from the journal at ``lsn``,
+    without the objects that became needed since — named by an event after ``lsn`` (a
+    write back to old bytes, an undo, a snapshot's files), pinned by a record, or named by
+    a commit not yet recorded (``spare``)."""
+    keep = pinned(store) | set(spare)
+    for ev in store.events(since=lsn):
+        keep |= {d for d in (ev.get("expected"), ev.get("intended")) if isinstance(d, str)}
+    drop = [d for d in p.drop if d not in keep]
+    freed = sum(found[d] for d in drop)
+    return dataclasses.replace(p, drop=drop, freed=freed, kept=p.kept + p.freed - freed)
 
 
 def recent(store: Store, history: History, cutoff: float) -> dict[str, tuple[float, int]]:
@@ -531,6 +557,14 @@ class Retention:
             found = await trio.to_thread.run_sync(survey, objects)
             tree = await trio.to_thread.run_sync(tree_bytes, self.ws.root_fd)
             goal = short_of_room(self.ws.state_fd, self.ws.policy) if reason else 0
+            at = self.ws.store.meta_int(b"lsn")  # (what the plan reads is at least this)
+            spare = frozenset(self.ws.unrecorded_digests())
+
+            def decide() -> Plan:
+                args = (self.ws.store, self.history, self.ws.policy, found, time.time(), tree)
+                return plan(*args, spare, goal=goal)
+
+            planned = await trio.to_thread.run_sync(decide)  # (no lock: it reads for long)
             async with self.ws.exclusive():
                 await self.ws.flush_locked()  # every reference to an object is journaled
                 if not self.ws.journal_ok:
@@ -540,23 +574,16 @@ class Retention:
                     # (Looked at again once more is kept, or when the journal has no room.)
                     self.kept, self.added_at, self.last = sum(found.values()), added_at, time.time()
                     return {"objects": len(found), "removed": 0, "freed_bytes": 0}
+                spare = frozenset(self.ws.unrecorded_digests())
 
-                def decide() -> Plan:
-                    p = plan(
-                        self.ws.store,
-                        self.history,
-                        self.ws.policy,
-                        found,
-                        time.time(),
-                        tree,
-                        goal=goal,
-                    )
+                def finish() -> Plan:
+                    p = confirm(self.ws.store, planned, found, at, spare)
                     if p.drop or reason is None:
                         record(self.ws.store, p, found, reason)
                         take_out(objects, p.drop)
                     return p
 
-                p = await trio.to_thread.run_sync(decide)
+                p = await trio.to_thread.run_sync(finish)
             self._measured(p, tree, added_at)
             if p.drop:
                 self._forget_views()
