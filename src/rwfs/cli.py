@@ -263,7 +263,7 @@ def cmd_fsck(a: argparse.Namespace) -> int:
     from .fsck import main_fsck
 
     root, state, _ = _locate(a)
-    return main_fsck(root, state)
+    return main_fsck(root, state, sample=a.sample, changed=a.changed)
 
 
 AGENTS_MD = """\
@@ -848,12 +848,30 @@ def parser() -> argparse.ArgumentParser:
     f = verb(
         "fsck",
         "check the journal and objects against the tree",
+        "By default every journaled path and every object is read and hashed. --sample N "
+        "hashes N of each, picked at random; --changed only those journaled since the last "
+        "full or --changed run (the first time, all of them), so only the full check finds "
+        "old objects that rotted or files changed behind rwfs's back. Both still check the "
+        "receipts, the intent logs and that every object the journal needs is there.",
         codes=EXIT_CODES.replace("a problem found", "drift found"),
     )
     f.add_argument(
         "dir_pos", nargs="?", metavar="DIR", help="a directory in the workspace (same as -C)"
     )
     where(f)
+    fmode = f.add_mutually_exclusive_group()
+    fmode.add_argument(
+        "--sample",
+        type=_whole(1, "a positive whole number"),
+        default=None,
+        metavar="N",
+        help="hash N paths and N objects picked at random",
+    )
+    fmode.add_argument(
+        "--changed",
+        action="store_true",
+        help="hash only what was journaled since the last full or --changed run",
+    )
     f.set_defaults(fn=cmd_fsck)
     d = verb(
         "doctor",

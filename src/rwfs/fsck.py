@@ -16,6 +16,14 @@ Checks, each reported as one line of drift:
   something refers to (the scratchpad, a chunk session, a handoff note, an open conflict's
   intended bytes) exists.
 
+Modes: the full check (the default) hashes every journaled path and every listed object.
+``--sample N`` hashes N of each picked at random; ``--changed`` hashes the objects and paths
+whose ``lsn`` is past the journal's LSN at the start of the last completed full or
+``--changed`` run (``meta`` ``b"fsck:lsn"``), so it cannot find rot of older objects, nor
+bytes changed behind rwfs's back at a path the journal has not touched since. Both still
+make every cheap check in full: receipts, held records, intent logs, and the presence of
+every object the journal lists or something refers to.
+
 Blocking: runs in the CLI process, against the raw tree (offline, or mounted through the
 daemon's descriptors under /proc).
 """
@@ -23,22 +31,52 @@ daemon's descriptors under /proc).
 from __future__ import annotations
 
 import os
+import random
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from . import beneath
 from .objects import ObjectStore, digest_fd, open_regular
 from .policy import Policy, PolicyError
-from .store import Store
+from .store import JournalUnavailable, Store
+
+# The journal's LSN at the start of the last completed full or ``--changed`` run.
+FSCK_LSN = b"fsck:lsn"
+ZERO_DIGEST = "sha256:" + "0" * 64  # (a placeholder, never an object: not checked)
 
 
-def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -> list[str]:
+@dataclass
+class Report:
+    problems: list[str] = field(default_factory=list)
+    mode: str = "full"  # "full", "sample" or "changed"
+    since: int | None = None  # --changed: the recorded LSN it checked from
+    fell_back: str | None = None  # --changed: why the full check ran instead
+    paths: tuple[int, int] = (0, 0)  # (hashed or looked at, in the index)
+    objects: tuple[int, int] = (0, 0)  # (hashed, listed)
+    recorded: int | None = None  # the LSN recorded for the next --changed
+    notes: list[str] = field(default_factory=list)
+
+
+def fsck(
+    root: str,
+    state: str,
+    progress: Callable[[str], None] | None = None,
+    sample: int | None = None,
+    changed: bool = False,
+) -> Report:
     say = progress or (lambda m: None)
-    problems: list[str] = []
+    report = Report(mode="sample" if sample else "changed" if changed else "full")
+    problems = report.problems
     store = Store(os.path.join(state, "journal"))
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     state_fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        # Read before any row: a row a later commit writes has a greater LSN, so the next
+        # --changed run checks it even if this one did not see it.
+        start = store.meta_int(b"lsn")
+        since = _since(store, start, report) if changed else None
         interrupted = {b["name"] for b in store.batches() if b["state"] == "interrupted"}
         for r in store.unsettled():
             if r.get("batch") in interrupted:
@@ -65,9 +103,11 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
         policy = policy_of(state_fd)
         paths = store.paths()
         repaired = store.meta_int(b"index:links")  # (else the next mount repairs links)
-        for n, (path, entry) in enumerate(sorted(paths.items()), 1):
+        chosen = _choose(sorted(paths.items()), sample, since)
+        report.paths = (len(chosen), len(paths))
+        for n, (path, entry) in enumerate(chosen, 1):
             if n % 1000 == 0:
-                say(f"fsck: {n}/{len(paths)} paths")
+                say(f"fsck: {n}/{len(chosen)} paths")
             want = entry.get("digest")
             if policy.is_passthrough(path):
                 # rwfs journals nothing of it, its removal neither: no claim to check (a
@@ -106,15 +146,26 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
             if not objects.exists(digest):
                 problems.append(f"object {digest} is missing, though {what} needs it")
         listed = store.objects()
-        for n, digest in enumerate(sorted(listed), 1):
+        chosen_objects = [d for d, _ in _choose(sorted(listed.items()), sample, since)]
+        report.objects = (len(chosen_objects), len(listed))
+        if report.mode != "full":
+            # A lookup costs a stat, not a read: every listed object's presence is checked
+            # whatever the mode.
+            for n, digest in enumerate(sorted(listed), 1):
+                if n % 1000 == 0:
+                    say(f"fsck: {n}/{len(listed)} objects looked up")
+                if digest != ZERO_DIGEST and not objects.exists(digest):
+                    problems.append(f"object {digest} is listed in the journal but missing")
+        for n, digest in enumerate(chosen_objects, 1):
             if n % 1000 == 0:
-                say(f"fsck: {n}/{len(listed)} objects")
-            if digest == "sha256:" + "0" * 64:
+                say(f"fsck: {n}/{len(chosen_objects)} objects")
+            if digest == ZERO_DIGEST:
                 continue
             try:
                 fd = objects.open(digest)
             except FileNotFoundError:
-                problems.append(f"object {digest} is listed in the journal but missing")
+                if report.mode == "full":  # (else reported by the lookups above)
+                    problems.append(f"object {digest} is listed in the journal but missing")
                 continue
             try:
                 have, _ = digest_fd(fd)
@@ -122,11 +173,50 @@ def fsck(root: str, state: str, progress: Callable[[str], None] | None = None) -
                 os.close(fd)
             if have != digest:
                 problems.append(f"object {digest} is damaged: it holds {have}")
+        if report.mode != "sample":
+            # Recorded whatever the run found: it looked at everything up to ``start``. A
+            # sample looked at too little to stand for a run.
+            try:
+                store.write(lambda txn: txn.set_meta_int(FSCK_LSN, start))
+                report.recorded = start
+            except JournalUnavailable as exc:
+                report.notes.append(
+                    f"fsck: this run could not be recorded ({exc}): the next --changed "
+                    "checks from the run before"
+                )
     finally:
         os.close(root_fd)
         os.close(state_fd)
         store.close()
-    return problems
+    return report
+
+
+def _since(store: Store, start: int, report: Report) -> int | None:
+    """The LSN --changed checks from, or None (then the full check runs, and says why)."""
+    last = store.meta_int(FSCK_LSN)
+    if last == 0:
+        report.fell_back = "no completed fsck run is recorded"
+    elif last > start:
+        # A journal older than the run recorded in it (put back from a copy): the rows'
+        # LSNs cannot be trusted to be newer than what that run saw.
+        report.fell_back = f"the recorded run (LSN {last}) is past the journal's end (LSN {start})"
+    if report.fell_back:
+        report.mode = "full"
+        return None
+    report.since = last
+    return last
+
+
+def _choose(
+    rows: list[tuple[Any, dict[str, Any]]], sample: int | None, since: int | None
+) -> list[tuple[Any, dict[str, Any]]]:
+    """The rows to check: all, ``sample`` of them at random, or those journaled after
+    ``since`` (a row without an LSN counts as new)."""
+    if sample:
+        return sorted(random.sample(rows, min(sample, len(rows))), key=lambda r: r[0])
+    if since is not None:
+        return [r for r in rows if not isinstance(r[1].get("lsn"), int) or r[1]["lsn"] > since]
+    return rows
 
 
 def policy_of(state_fd: int) -> Policy:
@@ -142,21 +232,42 @@ def _journaled(policy: Policy, path: bytes, st: os.stat_result) -> bool:
     return not policy.is_passthrough(path) and st.st_size <= policy.max_journaled_bytes
 
 
-def main_fsck(root: str, state: str) -> int:
+def main_fsck(root: str, state: str, sample: int | None = None, changed: bool = False) -> int:
     from .progress import Progress
 
     bar = Progress()
     try:
-        problems = fsck(root, state, progress=bar)
+        report = fsck(root, state, progress=bar, sample=sample, changed=changed)
     finally:
         bar.done()
-    for p in problems:
+    for p in report.problems:
         print(p)
-    if problems:
-        print(f"fsck: {len(problems)} problem(s)", file=sys.stderr)
+    print(summary(report))
+    for note in report.notes:
+        print(note, file=sys.stderr)
+    if report.problems:
+        print(f"fsck: {len(report.problems)} problem(s)", file=sys.stderr)
         return 1
     print("fsck: the journal, the object store and the tree agree")
     return 0
+
+
+def summary(report: Report) -> str:
+    """Which check ran and how much of the store it read, in one line."""
+    (p, pn), (o, on) = report.paths, report.objects
+    counts = f"checked {p} of {pn} paths and {o} of {on} objects"
+    if report.mode == "sample":
+        return (
+            f"fsck: {counts}, a sample (every object looked up; run without --sample to check all)"
+        )
+    if report.mode == "changed":
+        return (
+            f"fsck: changed since LSN {report.since}: {counts}, those journaled since "
+            "(every object looked up; older ones are not read again: run without --changed "
+            "to check all)"
+        )
+    why = f" ({report.fell_back}, so --changed checked all)" if report.fell_back else ""
+    return f"fsck: full check{why}: {counts}"
 
 
 def _link_holding(

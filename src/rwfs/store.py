@@ -16,6 +16,9 @@ values are listed here, and this docstring is the canonical reference for them.
                  journal's model (a new store, or recovery's one repair of a store that
                  rwfs wrote before it kept hard links' names and unjournaled files true:
                  ``recovery._repair_index``).
+                 ``b"fsck:lsn"`` → u64, ``b"lsn"`` at the start of the last ``rwfs fsck``
+                 run that completed, full or ``--changed`` (not ``--sample``): ``--changed``
+                 hashes only the objects and paths whose ``lsn`` is past it (fsck.py).
 ``events``     — u64 LSN (big-endian) → JSON event (SPEC §7.1), append-only; every event
                  has ``lsn``, ``ts``, ``op``, ``path`` and the ``EVENT_KEYS`` (null where
                  they do not apply). An event written by a process of an ``rwfs run``
