@@ -315,3 +315,18 @@ def test_history_lists_every_version_any_path_held(tmp_path: Path, seed: int) ->
                 assert p in listed, p
     finally:
         s.close()
+
+
+def test_names_below_a_directory_with_siblings_that_sort_inside_it(store: Store) -> None:
+    """``a-b`` and ``a.d`` sort between ``a`` and ``a/`` in the index's keys; paths too
+    long for an LMDB key are kept by hash: the listing finds each name once, all of them."""
+    deep = "a/" + "q" * 250 + "/" + "r" * 250
+    names = ["a", "a-b", "a/c", "a/c/d", "a.d/e", "a0", "a/z", "a-b/q", "a\x01x", "a/c-1/x", deep]
+    journal(store, *(write(n, None, V1) for n in names))
+    h = History(store)
+    top = {b"a", b"a-b", b"a.d", b"a0", b"a\x01x"}
+    assert h.children(b"") == h.children(b"", listed=True) == top
+    assert h.children(b"a") == {b"c", b"z", b"c-1", b"q" * 250}
+    assert h.children(b"a/c") == {b"d"} and h.children(b"a-b") == {b"q"}
+    assert h.children(b"a/" + b"q" * 250) == {b"r" * 250}
+    assert h.has_below(b"a/" + b"q" * 250) and not h.has_below(b"a/q")
