@@ -378,3 +378,42 @@ def test_a_snapshot_shows_a_fifo_and_a_device_as_empty_without_blocking(mount: M
         timeout=20,
     )
     assert (res.returncode, res.stdout) == (0, b"f\n")
+
+
+def test_a_journal_from_before_the_history_index_is_indexed_at_the_mount(
+    workspace: Path,
+) -> None:
+    """A store an older rwfs wrote has events and no history index: the first mount
+    indexes them (saying so in its log) and history/ lists what it listed before."""
+    from rwfs import timelines
+    from rwfs.store import Store, u64
+
+    m = Mount(workspace).start()
+    try:
+        (m.path / "a.txt").write_text("one\n")
+        (m.path / "a.txt").write_text("two\n")
+        (m.path / "b.txt").write_text("gone\n")
+        (m.path / "b.txt").unlink()
+        subprocess.run(["sed", "-i", "s/two/three/", str(m.path / "a.txt")], check=True)
+        before = {p: _versions(m, p) for p in ("a.txt", "b.txt")}
+        listed = sorted(os.listdir(m.path / ".rw" / "history"))
+    finally:
+        m.stop()
+    s = Store(str(workspace / ".rw" / "journal"))
+    try:
+        with s.env.begin(write=True) as txn:  # as an older rwfs left it
+            for name in timelines.DBS:
+                txn.drop(s.db[name], delete=False)
+            txn.put(b"index:history", u64(0), db=s.db[b"meta"])
+            txn.delete(b"index:history_lsn", db=s.db[b"meta"])
+    finally:
+        s.close()
+    m = Mount(workspace).start()
+    try:
+        assert "indexing the history of" in m.log.read_text()
+        assert {p: _versions(m, p) for p in ("a.txt", "b.txt")} == before
+        assert before["a.txt"] == ["one\n", "two\n", "three\n"] and before["b.txt"] == ["gone\n"]
+        assert sorted(os.listdir(m.path / ".rw" / "history")) == listed == ["a.txt", "b.txt"]
+    finally:
+        m.stop()
+    check_clean(m)
