@@ -456,14 +456,20 @@ class Store:
 
         def build(txn: Txn, final: bool) -> None:
             rows = timelines.Rows(txn._t, self.db, self.max_key)
+            # (Another process opening the store meanwhile may have indexed some.)
+            raw = txn._t.get(b"index:history_lsn", db=self.db[b"meta"])
+            done = from_u64(raw) if raw else 0
             for ev in chunk:
-                rows.apply(ev)
-            if chunk:
+                if ev["lsn"] > done:
+                    rows.apply(ev)
+            if chunk and chunk[-1]["lsn"] > done:
                 txn.set_meta_int(b"index:history_lsn", chunk[-1]["lsn"])
             if final:
                 txn.set_meta_int(b"index:history", 1)
 
         for ev in self.events(since=done):
+            if ev["lsn"] > last:
+                break  # (appended since by a process whose index is built: indexed)
             chunk.append(ev)
             if len(chunk) == EVENTS_CHUNK:
                 self.write(build, False)
