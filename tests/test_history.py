@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -417,3 +418,30 @@ def test_a_journal_from_before_the_history_index_is_indexed_at_the_mount(
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_views_refreshed_once_a_change_still_show_each_change_at_once(mount: Mount) -> None:
+    """history/ and a snapshot's tree/ are refreshed once per change of the journal (and,
+    for a tree, of the live directory), not at every lookup below them: what they show
+    follows each change right away, a passthrough file that no event names included."""
+    d = mount.path / "d"
+    d.mkdir()
+    (d / "a.txt").write_text("one\n")
+    hist = mount.path / ".rw" / "history" / "d" / "a.txt"
+    assert len(os.listdir(hist)) == 1
+    for i in range(3):
+        [os.stat(hist / n) for n in os.listdir(hist)]  # lookups: no change, no refresh
+        (d / "a.txt").write_text(f"again {i}\n")
+        assert len(os.listdir(hist)) == 2 + i
+    (mount.path / ".rw" / "snapshots" / "s1").mkdir()
+    tree = mount.path / ".rw" / "snapshots" / "s1" / "tree" / "d"
+    assert sorted(os.listdir(tree)) == ["a.txt"]
+    (d / "x.log").write_text("passthrough: no event names it\n")
+    assert sorted(os.listdir(tree)) == ["a.txt", "x.log"]
+    (d / "b.txt").write_text("made after the snapshot\n")
+    assert sorted(os.listdir(tree)) == ["a.txt", "x.log"]  # (journaled: not then)
+    time.sleep(1.2)  # (the live directory's times are old enough to be trusted)
+    assert sorted(os.listdir(tree)) == ["a.txt", "x.log"]
+    (d / "x.log").unlink()
+    assert sorted(os.listdir(tree)) == ["a.txt"]
+    assert (tree / "a.txt").read_text() == "again 2\n"

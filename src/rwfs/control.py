@@ -1195,6 +1195,7 @@ class HistoryViews:
         self.c = control
         self.node = node
         self.prefix = prefix
+        self.at = -1  # the journal's LSN at the last refresh
         node.refresh, node.settle, node.find = self.refresh, True, self.find
         node.perm = functools.partial(control.history_perm, prefix)
 
@@ -1216,6 +1217,11 @@ class HistoryViews:
         return self._child(name)
 
     def refresh(self) -> None:
+        # Every lookup below refreshes its directory: what it shows changes only with the
+        # journal (commits, removals, gc's event), so once per LSN, not once per entry.
+        at = self.c.ws.store.meta_int(b"lsn")
+        if at == self.at:
+            return
         h = self.c.history
         listed = h.children(self.prefix, listed=True)
         for name in listed:
@@ -1238,6 +1244,7 @@ class HistoryViews:
                 node.slow, node.stat = True, self._stat(v)
             # The version's owner and mode (a later chmod of these bytes included).
             node.perm = functools.partial(self.c.file_perm, self.prefix, v.owner, v.mode)
+        self.at = at
 
     def _stat(self, v: Version) -> Callable[[], tuple[int, int]]:
         """The size of a version's bytes (the object's, or the live file's that holds
@@ -1358,8 +1365,21 @@ class TreeView:
         self.lsn = lsn
         self.prefix = prefix
         self.top = top  # .rw/snapshots/NAME/tree, for error envelopes
+        self.at: tuple[int, tuple[int, int, int]] | None = None  # what the last refresh saw
         node.refresh, node.settle = self.refresh, True
         node.perm = functools.partial(control.dir_perm, prefix)
+
+    def _seen(self) -> tuple[int, tuple[int, int, int]] | None:
+        """What this directory's entries depend on: the journal's LSN and the live
+        directory's identity and times. None while the directory changed less than a
+        second ago (its times may not have moved for a change made in the same tick)."""
+        try:
+            st = beneath.stat(self.c.ws.root_fd, self.prefix or b".")
+        except OSError:
+            return None
+        if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < 1_000_000_000:
+            return None
+        return self.c.ws.store.meta_int(b"lsn"), (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
     def _entries(self) -> dict[bytes, str | None]:
         """name -> "dir", or the digest of a file as it was ("live": unchanged since)."""
@@ -1391,6 +1411,10 @@ class TreeView:
         return out
 
     def refresh(self) -> None:
+        # Every lookup below refreshes its directory: once per change, not once per entry.
+        seen = self._seen()
+        if seen is not None and seen == self.at:
+            return
         entries = self._entries()
         for gone in set(self.node.children) - set(entries):
             self.c.remove(self.node, gone)
@@ -1409,6 +1433,7 @@ class TreeView:
             node.render = self._reader(path, what)
             node.stat = self._stat(path, what)
             node.perm = self._perm(path, what)
+        self.at = seen
 
     def _perm(self, path: bytes, what: str | None) -> Callable[[], Perm]:
         """A file unchanged since: the live file's owner and mode; one changed since: those
