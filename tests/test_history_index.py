@@ -330,3 +330,41 @@ def test_names_below_a_directory_with_siblings_that_sort_inside_it(store: Store)
     assert h.children(b"a/c") == {b"d"} and h.children(b"a-b") == {b"q"}
     assert h.children(b"a/" + b"q" * 250) == {b"r" * 250}
     assert h.has_below(b"a/" + b"q" * 250) and not h.has_below(b"a/q")
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_paths_mode_at_a_point_is_what_the_whole_journal_says(tmp_path: Path, seed: int) -> None:
+    """``History.mode_at`` (a restore's modes, from a path's rows) gives, at every point
+    of a random journal and for every path, what ``changes.modes_at`` gives by reading
+    every event: creates, writes, removals, chmods, renames of files and directories and
+    exchanges."""
+    import random
+
+    from rwfs.changes import modes_at
+
+    rnd = random.Random(seed)
+    names = ["a", "b", "d/a", "d/b", "e/a", "t1", "d", "e"]
+    s = Store(str(tmp_path / "journal"))
+    try:
+        for _ in range(rnd.randint(1, 25)):
+            p, q, op = rnd.choice(names), rnd.choice(names), rnd.randrange(5)
+            mode = rnd.choice([None, 0o600, 0o644, 0o755])
+            if op == 0:
+                ev = {**create(p), "mode": mode}
+            elif op == 1:
+                ev = {**write(p, rnd.choice([None, V1]), V2), "mode": mode}
+            elif op == 2:
+                ev = {**unlink(p, V1), "mode": mode}
+            elif op == 3 and p != q:
+                ev = {**rename(p, q, None, rnd.choice([None, V1])), "exchange": rnd.random() < 0.3}
+            else:
+                ev = {"op": "setattr", "path": p, "mode": mode}
+            journal(s, ev)
+        events, h = list(s.events()), History(s)
+        for lsn in range(len(events) + 1):
+            want = modes_at(events, lsn=lsn)
+            assert {n: h.mode_at(n.encode(), lsn) for n in names} == {
+                n: want.get(n.encode()) for n in names
+            }, lsn
+    finally:
+        s.close()

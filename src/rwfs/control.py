@@ -760,8 +760,13 @@ class Control:
         changes = self.snapshots.changes_since(snap, paths)
         if changes:
             await trio.to_thread.run_sync(self._keep_targets, changes)
-            lsn = int(snap["lsn"])
-            modes = await trio.to_thread.run_sync(lambda: modes_at(self.ws.store.events(), lsn=lsn))
+            lsn, h = int(snap["lsn"]), self.history
+
+            def modes_then() -> dict[bytes, int]:  # (modes_at's, for these paths only)
+                got = {p: h.mode_at(p, lsn) for p in changes}
+                return {p: m for p, m in got.items() if m is not None}
+
+            modes = await trio.to_thread.run_sync(modes_then)
             await self.batches.replay(f"restore-{args[0]}"[:64], changes, who, modes=modes)
 
     def _not_journaled(self, arg: str, path: bytes) -> str:

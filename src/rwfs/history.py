@@ -125,6 +125,12 @@ class History:
         with self._rows() as r:
             return r.version_at(path, lsn)
 
+    def mode_at(self, path: bytes, lsn: int) -> int | None:
+        """The mode bits ``path``'s file had at ``lsn``, as ``changes.modes_at`` tells them
+        from every event (None: none recorded)."""
+        with self._rows() as r:
+            return r.mode_at(path, lsn)
+
     def state_at(self, path: bytes, lsn: int) -> tuple[bool, str | None]:
         """(changed since ``lsn``, the digest ``path`` held at ``lsn``; None if absent)."""
         with self._rows() as r:

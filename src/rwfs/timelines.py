@@ -16,6 +16,11 @@ row names (long paths are rare).
   ends in that digest (what the file holds now, as far as the journal knows).
 - ``hist_held``: the same keys → path: every path whose timeline ever held that digest
   (not counting a new file's empty start).
+- ``hist_modes``: key(path) + NUL + u64 LSN → ``{"s": [mode]}`` where the event set the
+  mode ``changes.modes_at`` gives the path (null: none), ``{"n": [prior, mode]}`` where
+  it named the path (``prior``: an unlink or a write of an existing file, which records
+  the mode the file kept), or both: ``mode_at`` answers for one path what ``modes_at``
+  answers for all by reading every event. The row's ``mm`` holds the current one.
 
 Every read costs what one path's rows cost: O(log n) in the journal, never a scan of it.
 """
@@ -36,7 +41,14 @@ LONG_PATH = b"\0#"  # as the ``paths`` database's long keys (store.py)
 _SEP = b"\0"  # no path holds a NUL byte
 HOPS = 16  # renames followed to find where a file went
 HOLDERS = 64  # paths looked at for one digest before it is taken as not kept elsewhere
-DBS = (b"hist_paths", b"hist_versions", b"hist_origins", b"hist_holders", b"hist_held")
+DBS = (
+    b"hist_paths",
+    b"hist_versions",
+    b"hist_origins",
+    b"hist_holders",
+    b"hist_held",
+    b"hist_modes",
+)
 
 
 @dataclass(frozen=True)
@@ -134,6 +146,31 @@ class Rows:
         if not placed or not bytes(cur.key()).startswith(head):
             return None
         return Version.unpack(json.loads(bytes(cur.value())))
+
+    def mode_at(self, path: bytes, lsn: int) -> int | None:
+        """``changes.modes_at(events, lsn).get(path)``, from ``path``'s rows: the mode the
+        last event up to ``lsn`` gave it; if none, the mode the first event after ``lsn``
+        that names it recorded, if that is an unlink or a write of the file it kept."""
+        head = self.key(path) + _SEP
+        start = head + _u64(lsn + 1)
+        cur = self.t.cursor(db=self.db[b"hist_modes"])
+        placed = cur.prev() if cur.set_range(start) else cur.last()
+        while placed and bytes(cur.key()).startswith(head):
+            entry = json.loads(bytes(cur.value()))
+            if "s" in entry:
+                if entry["s"][0] is not None:
+                    return int(entry["s"][0])
+                break
+            placed = cur.prev()
+        if cur.set_range(start):
+            for k, v in cur:
+                if not bytes(k).startswith(head):
+                    break
+                entry = json.loads(bytes(v))
+                if "n" in entry:
+                    prior, mode = entry["n"]
+                    return int(mode) if prior and mode is not None else None
+        return None
 
     def origins(self, path: bytes) -> list[tuple[int, bytes]]:
         head = self.key(path) + _SEP
@@ -368,6 +405,7 @@ class Rows:
         path = os.fsencode(ev.get("path") or "")
         if not path:
             return
+        self._modes(ev, path)
         if op == "create" and ev.get("intended"):
             made = ev["intended"] == EMPTY_DIGEST
             self._add(path, ev, ev["intended"], ev.get("expected"), made)
@@ -393,6 +431,52 @@ class Rows:
                 self._exchange(path, dest, ev)
             else:
                 self._rename(path, dest, ev)
+
+    def _modes(self, ev: dict[str, Any], path: bytes) -> None:
+        """``changes.modes_at``'s walk, one event at a time: what it names, and the modes it
+        sets (``hist_modes``, and ``mm`` in the rows)."""
+        op, mode = ev["op"], ev.get("mode")
+        dest = os.fsencode(ev["dest"]) if op == "rename" and ev.get("dest") else None
+        prior = op == "unlink" or (op == "write" and ev.get("expected") is not None)
+        entries: dict[bytes, dict[str, Any]] = {path: {"n": [int(prior), mode]}}
+        if dest is not None:
+            entries[dest] = {"n": [0, None]}
+        sets: dict[bytes, int | None] = {}
+        if op in ("create", "write", "setattr") and mode is not None:
+            sets[path] = mode
+        elif op == "unlink":
+            sets[path] = None
+        elif dest is not None:
+            moved: dict[bytes, int] = {}
+            pairs = ((path, dest), (dest, path)) if ev.get("exchange") else ((path, dest),)
+            for src, dst in pairs:
+                for p, m in self._modes_below(src):
+                    if p not in sets:  # (not taken already by the other side)
+                        moved[dst + p[len(src) :]] = m
+                        sets[p] = None
+            if not ev.get("exchange"):  # what the rename replaced is gone
+                for p, _ in self._modes_below(dest):
+                    sets[p] = None
+            sets.update(moved)
+        for p, now in sets.items():
+            row = self.row(p) or {}
+            if row.get("mm") == now:
+                continue
+            if now is None:
+                row.pop("mm", None)
+            else:
+                row["mm"] = now
+            self._put_row(p, row)
+            entries.setdefault(p, {})["s"] = [now]
+        for p, entry in entries.items():
+            key = self.key(p) + _SEP + _u64(ev["lsn"])
+            self.t.put(key, json.dumps(entry).encode(), db=self.db[b"hist_modes"])
+
+    def _modes_below(self, top: bytes) -> list[tuple[bytes, int]]:
+        """``top`` and the paths below it that have a mode (``mm``)."""
+        row = self.row(top)
+        out = [(top, int(row["mm"]))] if row and "mm" in row else []
+        return out + [(p, int(r["mm"])) for p, r in self.rows_below(top) if "mm" in r]
 
     def _move(self, moves: dict[bytes, tuple[bytes, str | None]], ev: dict[str, Any]) -> None:
         """``moves``: destination -> (source, the bytes it gets; None: nothing came)."""
