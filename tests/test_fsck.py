@@ -86,7 +86,7 @@ def test_changed_hashes_only_what_is_newer_than_the_last_run(workspace: Path) ->
         old = write_twice(m, "a.txt")
         res = rwfs("fsck", str(workspace))  # mounted: through the daemon's descriptors
         assert res.returncode == 0, res.stdout + res.stderr
-        assert "fsck: full check: checked" in res.stdout
+        assert "fsck: full check: checked" in res.stderr
         first_run = meta(workspace, b"fsck:lsn")
         assert first_run > 0
         new = write_twice(m, "b.txt")
@@ -103,8 +103,8 @@ def test_changed_hashes_only_what_is_newer_than_the_last_run(workspace: Path) ->
         assert res.returncode == 1, res.stdout + res.stderr
         assert f"object {new_digest} is damaged" in res.stdout
         assert old_digest not in res.stdout  # older than the last run: not read again
-        assert f"fsck: changed since LSN {first_run}: checked " in res.stdout
-        _, _, hashed, listed = counts(res.stdout)
+        assert f"fsck: changed since LSN {first_run}: checked " in res.stderr
+        _, _, hashed, listed = counts(res.stderr)
         assert 1 <= hashed < listed  # (the empty file's bytes are an object too)
         second_run = meta(workspace, b"fsck:lsn")
         assert second_run > first_run  # a completed run is recorded, drift found or not
@@ -112,13 +112,13 @@ def test_changed_hashes_only_what_is_newer_than_the_last_run(workspace: Path) ->
         # Nothing journaled since: neither damage is looked at, which is the limit of the
         # mode (documented): rot of objects older than the last run needs the full check.
         assert again.returncode == 0, again.stdout + again.stderr
-        assert counts(again.stdout) == (0, 2, 0, listed)
+        assert counts(again.stderr) == (0, 2, 0, listed)
         full = rwfs("fsck", str(workspace))
         assert full.returncode == 1
         assert f"object {old_digest} is damaged" in full.stdout
         assert f"object {new_digest} is damaged" in full.stdout
-        assert "fsck: full check: checked" in full.stdout
-        assert counts(full.stdout) == (2, 2, listed, listed)
+        assert "fsck: full check: checked" in full.stderr
+        assert counts(full.stderr) == (2, 2, listed, listed)
     finally:
         m.stop()
     daemon_clean(m)
@@ -136,7 +136,7 @@ def test_changed_with_no_recorded_run_checks_everything(workspace: Path) -> None
     res = rwfs("fsck", "--changed", str(workspace))
     assert res.returncode == 1
     assert f"object {digest} is damaged" in res.stdout
-    assert "no completed fsck run is recorded, so --changed checked all" in res.stdout
+    assert "no completed fsck run is recorded, so --changed checked all" in res.stderr
     assert meta(workspace, b"fsck:lsn") == meta(workspace, b"lsn")
 
 
@@ -158,9 +158,9 @@ def test_sample_checks_n_and_records_nothing(workspace: Path) -> None:
 
     res = rwfs("fsck", "--sample", "3", str(workspace))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "fsck: checked 3 of 7 paths and 3 of " in res.stdout
-    assert "objects, a sample" in res.stdout
-    listed = counts(res.stdout)[3]
+    assert "fsck: checked 3 of 7 paths and 3 of " in res.stderr
+    assert "objects, a sample" in res.stderr
+    listed = counts(res.stderr)[3]
     assert listed >= 7  # the seven first versions (and the empty file's bytes)
     assert meta(workspace, b"fsck:lsn") == recorded  # a sample is not a run to build on
 
@@ -169,7 +169,7 @@ def test_sample_checks_n_and_records_nothing(workspace: Path) -> None:
     res = rwfs("fsck", "--sample", "1000", str(workspace))
     assert res.returncode == 1
     assert f"object {digest} is damaged" in res.stdout
-    assert f"checked 7 of 7 paths and {listed} of {listed} objects, a sample" in res.stdout
+    assert f"checked 7 of 7 paths and {listed} of {listed} objects, a sample" in res.stderr
 
     # Whatever N, every listed object's presence is checked: a lookup is cheap.
     object_holding(workspace, firsts[1]).unlink()
@@ -177,7 +177,7 @@ def test_sample_checks_n_and_records_nothing(workspace: Path) -> None:
     res = rwfs("fsck", "--sample", "1", str(workspace))
     assert res.returncode == 1
     assert f"object {gone} is listed in the journal but missing" in res.stdout
-    assert f"checked 1 of 7 paths and 1 of {listed} objects, a sample" in res.stdout
+    assert f"checked 1 of 7 paths and 1 of {listed} objects, a sample" in res.stderr
     assert meta(workspace, b"fsck:lsn") == recorded
 
 
@@ -280,5 +280,5 @@ def test_changed_distrusts_a_record_past_the_journals_end(workspace: Path) -> No
         store.close()
     res = rwfs("fsck", "--changed", str(workspace))
     assert res.returncode == 1 and f"object {digest} is damaged" in res.stdout
-    assert f"the recorded run (LSN {lsn + 100}) is past the journal's end" in res.stdout
+    assert f"the recorded run (LSN {lsn + 100}) is past the journal's end" in res.stderr
     assert meta(workspace, b"fsck:lsn") == lsn

@@ -242,7 +242,7 @@ def main_fsck(root: str, state: str, sample: int | None = None, changed: bool = 
         bar.done()
     for p in report.problems:
         print(p)
-    print(summary(report))
+    print(summary(report), file=sys.stderr)  # (stdout: one line a problem, nothing else)
     for note in report.notes:
         print(note, file=sys.stderr)
     if report.problems:
