@@ -26,7 +26,9 @@ receipts, conflicts, batches, the scratchpad, chunks, handoffs, refused drafts, 
 commits not yet recorded), journals a ``gc`` event and moves what goes to
 ``objects/trash/``; the unlinks, which free the space, come after the lock is released.
 So writers wait for it no longer than for a commit of the group committer plus a read of
-those records and events. On a full disk
+those records and events. A collection because the disk is short of room (``low_space``)
+decides under the lock, as one on a full disk does: there the writers had better wait for
+the room than fill the disk while the decision is made. On a full disk
 (``Retention.reclaim``: a writer's ENOSPC) all of it is done under the lock, without a
 flush (the queued commits may need the room), unlinks included: the writer waits for the
 room anyway. The CLI runs ``collect`` directly on an unmounted workspace.
@@ -560,11 +562,13 @@ class Retention:
             at = self.ws.store.meta_int(b"lsn")  # (what the plan reads is at least this)
             spare = frozenset(self.ws.unrecorded_digests())
 
-            def decide() -> Plan:
+            def decide(spare: frozenset[str]) -> Plan:
                 args = (self.ws.store, self.history, self.ws.policy, found, time.time(), tree)
                 return plan(*args, spare, goal=goal)
 
-            planned = await trio.to_thread.run_sync(decide)  # (no lock: it reads for long)
+            # Without the lock: the decision reads for long. Not when the disk is short of
+            # room: then the writers wait for it, rather than fill the disk meanwhile.
+            planned = None if goal else await trio.to_thread.run_sync(decide, spare)
             async with self.ws.exclusive():
                 await self.ws.flush_locked()  # every reference to an object is journaled
                 if not self.ws.journal_ok:
@@ -577,7 +581,10 @@ class Retention:
                 spare = frozenset(self.ws.unrecorded_digests())
 
                 def finish() -> Plan:
-                    p = confirm(self.ws.store, planned, found, at, spare)
+                    if planned is None:
+                        p = decide(frozenset())
+                    else:
+                        p = confirm(self.ws.store, planned, found, at, spare)
                     if p.drop or reason is None:
                         record(self.ws.store, p, found, reason)
                         take_out(objects, p.drop)

@@ -138,6 +138,10 @@ _DBS = (
 LONG_PATH = b"\0#"
 # Events are read this many at a time, each batch in a read transaction of its own.
 EVENTS_CHUNK = 10_000
+# The journal's file is kept allocated this far past the pages LMDB uses: a commit on a
+# disk that has just filled (a writer's stage, an object) writes into room it holds
+# already, and is not the one write that fails for want of a block.
+HEADROOM = 1 << 20
 
 
 class JournalUnavailable(Exception):
@@ -412,6 +416,8 @@ class Store:
         self.env.reader_check()
         self.max_key = self.env.max_key_size()
         self.newest_ts: str | None = None  # (append_event: see last_ts)
+        self._file = -1  # data.mdb, to keep HEADROOM allocated (``_keep_room``)
+        self._room = 0  # the bytes allocated to it
         if readonly:
             self.db = {}
             for name in _DBS:
@@ -434,6 +440,10 @@ class Store:
             self._build_refused()
         if self.meta_int(b"index:history") == 0:
             self._build_history()
+        with contextlib.suppress(OSError):
+            self._file = os.open(os.path.join(path, "data.mdb"), os.O_RDWR | os.O_CLOEXEC)
+            self._room = os.fstat(self._file).st_size
+            self._keep_room()
 
     def _build_refused(self) -> None:
         """Index the refusals of a store that predates the ``refused`` database."""
@@ -485,7 +495,24 @@ class Store:
         return self.newest_ts
 
     def close(self) -> None:
+        if self._file >= 0:
+            os.close(self._file)
+            self._file = -1
         self.env.close()
+
+    def _keep_room(self) -> None:
+        """Keep HEADROOM allocated past the pages in use (no room: nothing to do; the
+        next commit may still fit)."""
+        if self._file < 0:
+            return
+        info = self.env.info()
+        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        if self._room - used >= HEADROOM // 2:
+            return
+        want = min(used + HEADROOM, info["map_size"])
+        with contextlib.suppress(OSError):
+            os.posix_fallocate(self._file, 0, want)
+            self._room = want
 
     def write(self, fn: Any, *args: Any) -> Any:
         """Run ``fn(txn, *args)`` in one durable write transaction; grow the map when full.
@@ -495,7 +522,9 @@ class Store:
         for _ in range(4):
             try:
                 with self.env.begin(write=True) as txn:
-                    return fn(Txn(self, txn), *args)
+                    out = fn(Txn(self, txn), *args)
+                self._keep_room()
+                return out
             except lmdb.MapFullError:
                 self.env.set_mapsize(self.env.info()["map_size"] * 2)
             except (lmdb.Error, OSError) as exc:
