@@ -330,20 +330,43 @@ class ScaleMount(bench.Mount):
         )
 
 
-def run(cmd: list[str], cwd: Path) -> tuple[float, str]:
+STUCK: list[subprocess.Popen[bytes]] = []  # killed past the limit, not reaped yet
+
+
+def run(cmd: list[str], cwd: Path, check: bool = True) -> tuple[float, str, int]:
+    """(time, output, exit status) of ``cmd``; TimeoutExpired past the limit."""
     t = time.perf_counter()
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, timeout=TIMEOUT)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        # Killed, it still waits for the daemon's answer to its request (a FUSE wait that
+        # SIGKILL does not end) until the mount is gone: reaped after Mount.stop (reap).
+        proc.kill()
+        STUCK.append(proc)
+        raise
     took = time.perf_counter() - t
-    if res.returncode != 0:
-        raise bench.BenchError(f"{cmd} exited {res.returncode}: {res.stderr.decode()[-2000:]}")
-    return took, res.stdout.decode(errors="replace")
+    if check and proc.returncode != 0:
+        raise bench.BenchError(f"{cmd} exited {proc.returncode}: {err.decode()[-2000:]}")
+    return took, out.decode(errors="replace"), proc.returncode
 
 
-def timed_together(cmds: list[list[str]], cwd: Path) -> list[tuple[float, str] | None]:
+def reap() -> None:
+    for proc in STUCK:
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            log(f"process {proc.pid} ({proc.args!r}) is still not dead")
+    STUCK.clear()
+
+
+def timed_together(cmds: list[list[str]], cwd: Path) -> list[tuple[float, str, int] | None]:
     """Start the commands together, each STAGGER_S after the one before (so that the first
     is surely in the daemon already: which one a race lets in first would decide the
     figure otherwise); the time each took, and its output, or None past the limit."""
-    took: list[tuple[float, str] | None] = [None] * len(cmds)
+    took: list[tuple[float, str, int] | None] = [None] * len(cmds)
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
@@ -407,8 +430,9 @@ def with_writer(ws: Path, tmp: Path, cmd: list[str]) -> tuple[float, float, int]
         try:
             out, _ = writer.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            writer.kill()
-            out, _ = writer.communicate(timeout=30)
+            writer.kill()  # (reaped after Mount.stop, as run's are)
+            STUCK.append(writer)
+            raise
     worst, n = out.split()
     return took, float(worst), int(n)
 
@@ -466,7 +490,7 @@ def measure(size: int, args: argparse.Namespace, tmp: Path, rows: Rows) -> None:
             return  # (still busy: the rows after it would measure that)
         rows["first_gc"] = time.perf_counter() - t
         rows["log_last"] = run([*RWFS, "log", "--last", "10"], ws)[0]
-        took, out = run([*RWFS, "snapshot"], ws)
+        took, out, _ = run([*RWFS, "snapshot"], ws)
         rows["snap_list"] = took
         if len(out.splitlines()) != made["snapshots"]:
             log(f"rwfs snapshot listed {len(out.splitlines())}, not {made['snapshots']}")
@@ -476,12 +500,10 @@ def measure(size: int, args: argparse.Namespace, tmp: Path, rows: Rows) -> None:
         rows["gc"], rows["gc_writer"], n = with_writer(ws, tmp, [*RWFS, "gc"])
         log(f"{size}: the writer did {n} write+fsync during gc")
         bench.wait_idle(mount.pid, timeout=TIMEOUT)
-        t = time.perf_counter()
-        res = subprocess.run([*RWFS, "fsck"], cwd=ws, capture_output=True, timeout=TIMEOUT)
-        rows["fsck"] = time.perf_counter() - t
-        problems = res.stdout.decode(errors="replace").strip().splitlines()
+        rows["fsck"], out, status = run([*RWFS, "fsck"], ws, check=False)
+        problems = out.strip().splitlines()
         verdict = (problems or [""])[-1]
-        if res.returncode != 0:
+        if status != 0:
             verdict = f"{len(problems)} problem(s), first: {problems[:3]}"
         print(f"fsck at {size} events: {verdict}", flush=True)
     except subprocess.TimeoutExpired as exc:
@@ -491,7 +513,9 @@ def measure(size: int, args: argparse.Namespace, tmp: Path, rows: Rows) -> None:
         rows.over.add(late)
     finally:
         mount.stop(timeout=60)  # (a daemon still busy past the limit is killed)
-    subprocess.run(["rm", "-rf", str(ws)], timeout=TIMEOUT, check=False)  # (room for the next)
+        reap()
+        if not bench.rwfs_mounted(str(ws)):
+            subprocess.run(["rm", "-rf", str(ws)], timeout=TIMEOUT, check=False)  # (room)
 
 
 ROWS = [
