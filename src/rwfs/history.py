@@ -9,8 +9,9 @@ different questions:
   the destination's earlier versions stay its own, and the source's do not become the
   destination's (a rename onto a passthrough name, ``untracked``, only takes the files
   away: the journal does not follow them there). The first event of a path also names the
-  bytes it held before rwfs journaled it (version 0): a write's or unlink's ``expected``, a rename's ``expected`` for
-  the destination it replaced and its ``intended`` for the source that moved. ``state_at``
+  bytes it held before rwfs journaled it (version 0): a write's or unlink's ``expected``,
+  a rename's ``expected`` for the destination it replaced and its ``intended`` for the
+  source that moved. ``state_at``
   reads timelines only: snapshots and restore see a file saved by write-a-temporary-then-
   rename as existing throughout, with its old bytes before the rename.
 - its **lineage**: a file renamed to a name keeps the versions it had under its old name

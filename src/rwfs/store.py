@@ -62,8 +62,9 @@ values are listed here, and this docstring is the canonical reference for them.
                  journal (history.py reconstructs the tree at ``lsn``).
 ``hist_paths``, ``hist_versions``, ``hist_origins``, ``hist_holders``, ``hist_held``,
 ``hist_modes`` — the history index (every path's timeline, where its files came from,
-                 which paths hold which bytes, its mode at each point), kept by ``append_event`` in the event's own
-                 transaction; keys and values: timelines.py. Built from ``events`` once,
+                 which paths hold which bytes, its mode at each point), kept by
+                 ``append_event`` in the event's own transaction; keys and values:
+                 timelines.py. Built from ``events`` once,
                  when a store that predates it is opened (``meta`` ``b"index:history"``:
                  1 once done; ``b"index:history_lsn"``: the last event indexed so far, so
                  that an interrupted build goes on where it stopped).

@@ -72,7 +72,8 @@ class Version:
 
     @staticmethod
     def unpack(x: list[Any]) -> Version:
-        return Version(x[0], x[1], x[2], bool(x[3]), tuple(x[4]) if x[4] else None, x[5])  # type: ignore[arg-type]
+        owner = (int(x[4][0]), int(x[4][1])) if x[4] else None
+        return Version(x[0], x[1], x[2], bool(x[3]), owner, x[5])
 
 
 Meta = tuple[tuple[int, int] | None, int | None]
