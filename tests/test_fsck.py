@@ -77,6 +77,18 @@ def daemon_clean(m: Mount) -> None:
     assert "Traceback" not in m.log_text(), m.log_text()
 
 
+def damaged_after_a_mount(workspace: Path) -> str:
+    """Write a file twice through a mount, unmount, then damage the object of its older
+    bytes: that object's digest."""
+    m = Mount(workspace).start()
+    try:
+        old = write_twice(m, "a.txt")
+    finally:
+        m.stop()
+    daemon_clean(m)
+    return damage(object_holding(workspace, old))
+
+
 def test_changed_hashes_only_what_is_newer_than_the_last_run(workspace: Path) -> None:
     """Through a real mount: a damaged object newer than the last completed run is found by
     --changed, one older is not (only the full check finds it), and each completed run
@@ -125,13 +137,7 @@ def test_changed_hashes_only_what_is_newer_than_the_last_run(workspace: Path) ->
 
 
 def test_changed_with_no_recorded_run_checks_everything(workspace: Path) -> None:
-    m = Mount(workspace).start()
-    try:
-        old = write_twice(m, "a.txt")
-    finally:
-        m.stop()
-    daemon_clean(m)
-    digest = damage(object_holding(workspace, old))
+    digest = damaged_after_a_mount(workspace)
     assert meta(workspace, b"fsck:lsn") == 0
     res = rwfs("fsck", "--changed", str(workspace))
     assert res.returncode == 1
@@ -214,13 +220,7 @@ def test_an_interrupted_run_records_nothing(
 def test_bad_input_is_a_usage_error_and_changes_nothing(
     workspace: Path, args: list[str], words: str
 ) -> None:
-    m = Mount(workspace).start()
-    try:
-        old = write_twice(m, "a.txt")
-    finally:
-        m.stop()
-    daemon_clean(m)
-    digest = damage(object_holding(workspace, old))  # a run would report it, and record
+    digest = damaged_after_a_mount(workspace)  # a run would report it, and record
     journal = workspace / ".rw" / "journal" / "data.mdb"
     before = journal.read_bytes()
     res = rwfs("fsck", *args, str(workspace))
@@ -265,13 +265,7 @@ def test_progress_is_shown_in_every_mode(tmp_path: Path) -> None:
 
 def test_changed_distrusts_a_record_past_the_journals_end(workspace: Path) -> None:
     """A journal put back from a copy older than the last run: --changed checks all."""
-    m = Mount(workspace).start()
-    try:
-        old = write_twice(m, "a.txt")
-    finally:
-        m.stop()
-    daemon_clean(m)
-    digest = damage(object_holding(workspace, old))
+    digest = damaged_after_a_mount(workspace)
     lsn = meta(workspace, b"lsn")
     store = Store(str(workspace / ".rw" / "journal"))
     try:
