@@ -1,10 +1,11 @@
 """Garbage collection of the object store (SPEC §8): retention that runs by itself,
 ``rwfs gc`` and ``.rw/ctl gc``.
 
-An object is kept when something still needs it (``needed``): a pending receipt, an open
-conflict, an unfinished batch, the scratchpad, a chunk session, a handoff note, a refused
-draft, a snapshot (every path's bytes at the snapshot's LSN), the newest version of each
-path. Those never go. The other history versions (``recent``) are kept by the retention
+An object is kept when something still needs it (``pinned``, ``Seen.current``): a pending
+receipt, an open conflict, an unfinished batch, the scratchpad, a chunk session, a handoff
+note, a refused draft, a snapshot (every path's bytes at the snapshot's LSN), the newest
+version of each path. Those never go. The other history versions (``Seen.recent``, read
+with the rest in one pass over the history index: ``read_history``) are kept by the retention
 policy: one replaced less than ``retain_days`` ago stays while the store (what is always
 kept included) fits its budget (``budget``: ``retain_ratio`` times the tree, at least
 ``retain_min_bytes``, at most ``retain_bytes``); over it, the oldest go first. When the
@@ -41,6 +42,7 @@ import calendar
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import logging
 import math
 import os
@@ -70,6 +72,7 @@ POLL_SECONDS = 1.0  # how often the daemon looks whether retention is due (cheap
 FIRST_AFTER_S = 10.0
 
 
+@functools.lru_cache(maxsize=1 << 16)  # (a journal's events share their seconds)
 def _epoch(ts: str) -> float:
     return calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S"))
 
@@ -213,18 +216,41 @@ def short_of_room(state_fd: int, policy: Policy) -> int:
 # ---- what to keep ----
 
 
-def needed(store: Store, history: History) -> set[str]:
-    """Digests that must stay whatever the retention policy says."""
-    keep: set[str | None] = set(pinned(store))
+@dataclass
+class Seen:
+    """What one read of every path's timeline tells a collection."""
+
+    current: set[str]  # the newest bytes of each path, and what each snapshot shows of it
+    recent: dict[str, tuple[float, int]]  # kept by the policy -> when it stopped being current
+    removed: set[str]  # the last bytes of a path an unlink removed
+
+
+def read_history(store: Store, history: History, cutoff: float) -> Seen:
+    """Every path's timeline, read once (in LMDB, a thousand paths to a read transaction):
+    its newest bytes and each snapshot's, the versions replaced since ``cutoff`` (the
+    time, to the second, and the LSN of the event that replaced them: the newest are the
+    first to be kept under the budget), and the bytes removals took."""
     points = sorted({int(s["lsn"]) for s in store.snapshots()})
+    current: set[str | None] = set()
+    soft: dict[str, tuple[float, int]] = {}
+    gone: set[str] = set()
     for _, versions in history.timelines():
-        keep.add(versions[-1].digest)
-        lsns = [v.lsn for v in versions]
-        for lsn in points:  # what each snapshot's tree shows of this path
-            i = bisect.bisect_right(lsns, lsn)
-            if i:
-                keep.add(versions[i - 1].digest)
-    return {d for d in keep if d and isinstance(d, str)}
+        current.add(versions[-1].digest)
+        if points:
+            lsns = [v.lsn for v in versions]
+            for lsn in points:  # what each snapshot's tree shows of this path
+                i = bisect.bisect_right(lsns, lsn)
+                if i:
+                    current.add(versions[i - 1].digest)
+        for old, new in zip(versions, versions[1:], strict=False):
+            if not old.digest:
+                continue
+            if new.digest is None:
+                gone.add(old.digest)
+            when = (_epoch(new.ts[:19]), new.lsn)
+            if when[0] >= cutoff:
+                soft[old.digest] = max(soft.get(old.digest, when), when)
+    return Seen({d for d in current if d and isinstance(d, str)}, soft, gone)
 
 
 def pinned(store: Store) -> set[str]:
@@ -263,29 +289,6 @@ def confirm(store: Store, p: Plan, found: dict[str, int], lsn: int, spare: froze
     return dataclasses.replace(p, drop=drop, freed=freed, kept=p.kept + p.freed - freed)
 
 
-def recent(store: Store, history: History, cutoff: float) -> dict[str, tuple[float, int]]:
-    """Digests the retention policy keeps -> when they stopped being current (the time,
-    to the second, and the LSN of that event); the newest first to be kept under the
-    budget."""
-    out: dict[str, tuple[float, int]] = {}
-    for _, versions in history.timelines():
-        for old, new in zip(versions, versions[1:], strict=False):
-            when = (_epoch(new.ts), new.lsn)
-            if old.digest and when[0] >= cutoff:
-                out[old.digest] = max(out.get(old.digest, when), when)
-    return out
-
-
-def removed_bytes(history: History) -> set[str]:
-    """Digests that are the last bytes of a path an unlink removed."""
-    out = set()
-    for _, versions in history.timelines():
-        for old, new in zip(versions, versions[1:], strict=False):
-            if new.digest is None and old.digest:
-                out.add(old.digest)
-    return out
-
-
 @dataclass
 class Plan:
     drop: list[str]  # the objects that go
@@ -314,11 +317,10 @@ def plan(
     the oldest versions, until ``goal`` bytes are freed. ``removed_only``: only the bytes of
     removed files go (nothing else). ``spare``: digests to keep besides (what the daemon
     has not journaled yet)."""
-    keep = needed(store, history) | spare
-    soft = recent(store, history, now - policy.retain_days * 86400)
+    seen = read_history(store, history, now - policy.retain_days * 86400)
+    keep, soft, gone = pinned(store) | seen.current | spare, seen.recent, seen.removed
     cap = budget(policy, tree)
     if removed_only:
-        gone = removed_bytes(history)
         drop = [d for d in found if d not in keep and d in gone]
     else:
         drop = [d for d in found if d not in keep and d not in soft]
@@ -330,7 +332,6 @@ def plan(
     # eighth of it more, rather than running at every commit under churn.
     low = None if cap is None else cap - cap // 8 if kept > cap else cap
     if goal and not removed_only:
-        gone = removed_bytes(history)
         left = [d for d in left if d in gone] + [d for d in left if d not in gone]
     if not removed_only:
         for d in left:
