@@ -570,6 +570,15 @@ class Retention:
             # Without the lock: the decision reads for long. Not when the disk is short of
             # room: then the writers wait for it, rather than fill the disk meanwhile.
             planned = None if goal else await trio.to_thread.run_sync(decide, spare)
+            if planned is not None:
+                # What became needed while it decided (a busy writer's thousands of events
+                # at a large journal), read without the lock too: under it, only the rest.
+                since, at = at, self.ws.store.meta_int(b"lsn")
+                spare = frozenset(self.ws.unrecorded_digests())
+                store = self.ws.store
+                planned = await trio.to_thread.run_sync(
+                    confirm, store, planned, found, since, spare
+                )
             async with self.ws.exclusive():
                 await self.ws.flush_locked()  # every reference to an object is journaled
                 if not self.ws.journal_ok:
