@@ -445,3 +445,7 @@ def test_views_refreshed_once_a_change_still_show_each_change_at_once(mount: Mou
     (d / "x.log").unlink()
     assert sorted(os.listdir(tree)) == ["a.txt"]
     assert (tree / "a.txt").read_text() == "again 2\n"
+    top = tree.parent  # the tree's top: the workspace's own directory
+    assert sorted(os.listdir(top)) == ["d"]
+    (mount.path / "top.log").write_text("passthrough\n")
+    assert sorted(os.listdir(top)) == ["d", "top.log"]

@@ -1379,7 +1379,8 @@ class TreeView:
         directory's identity and times. None while the directory changed less than a
         second ago (its times may not have moved for a change made in the same tick)."""
         try:
-            st = beneath.stat(self.c.ws.root_fd, self.prefix or b".")
+            fd = self.c.ws.root_fd
+            st = beneath.stat(fd, self.prefix) if self.prefix else os.fstat(fd)
         except OSError:
             return None
         if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < 1_000_000_000:
