@@ -3,6 +3,7 @@ for the event sequences real programs' saves leave in the journal."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -368,3 +369,26 @@ def test_a_paths_mode_at_a_point_is_what_the_whole_journal_says(tmp_path: Path, 
             }, lsn
     finally:
         s.close()
+
+
+def test_every_timeline_read_in_key_order_is_each_paths_own(store: Store) -> None:
+    """``History.timelines()`` reads every path's versions in the index's key order, a
+    thousand paths to a transaction; read a few at a time, across long paths' hashed
+    keys too, it gives each path's own timeline, each once."""
+    deep = "d/" + "x" * 300 + "/" + "y" * 300
+    names = ["a", "a-b", "a/c", "b", deep, deep + "2", "e/f", "z"]
+    for i, n in enumerate(names):
+        journal(store, write(n, None, V1), write(n, V1, [V2, V3][i % 2]))
+    journal(store, unlink("z", V2), rename("b", "b2", None, V3))
+    h = History(store)
+    want = dict(h.timelines([b""]))
+    assert {p for p in want} == {os.fsencode(n) for n in [*names, "b2"]}
+    assert dict(h.timelines()) == want
+    with h._rows() as r:
+        got: list[bytes] = []
+        after: bytes | None = b""
+        while after is not None:
+            chunk, after = r.timelines(after, 2)
+            assert len(chunk) <= 2
+            got += [p for p, versions in chunk if versions == want[p]]
+    assert sorted(got) == sorted(want)

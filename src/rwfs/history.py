@@ -89,10 +89,16 @@ class History:
 
     def timelines(self, under: list[bytes] | None = None) -> Iterator[tuple[bytes, list[Version]]]:
         """``(path, timeline)`` of every path with one (``under``: of those paths and the
-        paths below them), a read transaction per path list."""
+        paths below them), a thousand paths to a read transaction."""
+        if under is None:  # every one: the versions in key order, no seek a path
+            after: bytes | None = b""
+            while after is not None:
+                with self._rows() as r:
+                    chunk, after = r.timelines(after, 1000)
+                yield from chunk
+            return
         with self._rows() as r:
-            tops = under if under is not None else [b""]
-            paths = sorted({p for top in tops for p in r.below(top)})
+            paths = sorted({p for top in under for p in r.below(top)})
         for i in range(0, len(paths), 1000):
             with self._rows() as r:
                 chunk = [(p, r.timeline(p)) for p in paths[i : i + 1000]]

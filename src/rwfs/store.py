@@ -419,6 +419,7 @@ class Store:
         self.newest_ts: str | None = None  # (append_event: see last_ts)
         self._file = -1  # data.mdb, to keep HEADROOM allocated (``_keep_room``)
         self._room = 0  # the bytes allocated to it
+        self._page = self.env.stat()["psize"]
         if readonly:
             self.db = {}
             for name in _DBS:
@@ -507,7 +508,7 @@ class Store:
         if self._file < 0:
             return
         info = self.env.info()
-        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        used = (info["last_pgno"] + 1) * self._page
         if self._room - used >= HEADROOM // 2:
             return
         want = min(used + HEADROOM, info["map_size"])

@@ -138,32 +138,35 @@ class Rows:
             for _, v in self._range(b"hist_versions", self.key(path) + _SEP)
         ]
 
-    def version_at(self, path: bytes, lsn: int) -> Version | None:
-        """The version of ``path``'s timeline at ``lsn`` (None: no event gave it bytes)."""
-        head = self.key(path) + _SEP
-        cur = self.t.cursor(db=self.db[b"hist_versions"])
+    def _at(self, db: bytes, head: bytes, lsn: int) -> Any:
+        """A cursor of ``db`` on the last key of ``head`` at or before ``lsn`` (None: it
+        has none)."""
+        cur = self.t.cursor(db=self.db[db])
         # The last key before the first one past ``lsn``.
         placed = cur.prev() if cur.set_range(head + _u64(lsn + 1)) else cur.last()
-        if not placed or not bytes(cur.key()).startswith(head):
-            return None
-        return Version.unpack(json.loads(bytes(cur.value())))
+        return cur if placed and bytes(cur.key()).startswith(head) else None
+
+    def version_at(self, path: bytes, lsn: int) -> Version | None:
+        """The version of ``path``'s timeline at ``lsn`` (None: no event gave it bytes)."""
+        cur = self._at(b"hist_versions", self.key(path) + _SEP, lsn)
+        return Version.unpack(json.loads(bytes(cur.value()))) if cur is not None else None
 
     def mode_at(self, path: bytes, lsn: int) -> int | None:
         """``changes.modes_at(events, lsn).get(path)``, from ``path``'s rows: the mode the
         last event up to ``lsn`` gave it; if none, the mode the first event after ``lsn``
         that names it recorded, if that is an unlink or a write of the file it kept."""
         head = self.key(path) + _SEP
-        start = head + _u64(lsn + 1)
-        cur = self.t.cursor(db=self.db[b"hist_modes"])
-        placed = cur.prev() if cur.set_range(start) else cur.last()
-        while placed and bytes(cur.key()).startswith(head):
+        cur = self._at(b"hist_modes", head, lsn)
+        while cur is not None and bytes(cur.key()).startswith(head):
             entry = json.loads(bytes(cur.value()))
             if "s" in entry:
                 if entry["s"][0] is not None:
                     return int(entry["s"][0])
                 break
-            placed = cur.prev()
-        if cur.set_range(start):
+            if not cur.prev():
+                break
+        cur = self.t.cursor(db=self.db[b"hist_modes"])
+        if cur.set_range(head + _u64(lsn + 1)):
             for k, v in cur:
                 if not bytes(k).startswith(head):
                     break
@@ -172,6 +175,36 @@ class Rows:
                     prior, mode = entry["n"]
                     return int(mode) if prior and mode is not None else None
         return None
+
+    def timelines(
+        self, start: bytes, n: int
+    ) -> tuple[list[tuple[bytes, list[Version]]], bytes | None]:
+        """The timelines of up to ``n`` paths, in key order from key ``start`` on, and the
+        key to go on from (None: no more)."""
+        out: list[tuple[bytes, list[Version]]] = []
+        cur = self.t.cursor(db=self.db[b"hist_versions"])
+        if not cur.set_range(start):
+            return out, None
+        head, versions = b"", list[Version]()
+        for k, v in cur:
+            k = bytes(k)
+            if k[:-9] != head:
+                if versions:
+                    out.append((self._path_of(head), versions))
+                    if len(out) == n:
+                        return out, head + b"\x01"  # (past every key of ``head``)
+                head, versions = k[:-9], []
+            versions.append(Version.unpack(json.loads(bytes(v))))
+        if versions:
+            out.append((self._path_of(head), versions))
+        return out, None
+
+    def _path_of(self, key: bytes) -> bytes:
+        """The path a row key stands for."""
+        if not key.startswith(LONG_PATH):
+            return key
+        raw = self.t.get(key, db=self.db[b"hist_paths"])
+        return os.fsencode(json.loads(bytes(raw))["p"])
 
     def origins(self, path: bytes) -> list[tuple[int, bytes]]:
         head = self.key(path) + _SEP
