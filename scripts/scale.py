@@ -50,7 +50,9 @@ from rwfs.gc import FIRST_AFTER_S  # noqa: E402
 from rwfs.objects import EMPTY_DIGEST, ObjectStore  # noqa: E402
 from rwfs.store import Store, Txn  # noqa: E402
 
-RWFS = [sys.executable, "-m", "rwfs.cli"]
+# The installed command, as a user runs it: `python -m rwfs.cli` would compile cli.py at
+# every start (a __main__ module's bytecode is never cached).
+RWFS = [str(Path(sys.executable).with_name("rwfs"))]
 LISTED = "src/listed.py"  # the file whose history is listed and restored
 LISTED_VERSIONS = 20  # the same at every size: the listing's cost is the journal's
 SMALL = "src/small.txt"  # the unrelated file read while the history is listed
