@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from . import beneath, rights
+from .ctlnodes import verb_file
 from .store import now_iso, plain_name
 from .workspace import _LIMIT, Commit, RwfsError, conflict_error
 
 if TYPE_CHECKING:
-    from .control import CDir, CFile, Control, Verb
+    from .control import Control
+    from .ctlnodes import CDir, CFile, Verb
 
 _DB = b"chunks"
 _PART = re.compile(rb"part-(\d{1,6})")
@@ -117,7 +119,6 @@ class Chunks:
         d.refresh, d.create, d.unlink = parts.refresh, parts.create, parts.unlink
         preview = self.c.add(d, b"preview", lambda: self._preview(name))
         preview.slow, preview.perm = True, lambda: (*self._opener(name), 0o400)
-        from .control import verb_file
 
         async def expect(args: list[str], who: dict[str, Any]) -> None:
             if len(args) != 1 or not args[0].isdigit() or int(args[0]) < 1:

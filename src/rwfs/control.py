@@ -30,6 +30,17 @@ import trio
 from . import beneath, chunks, conflicts, gates, gc, handoff, parsers, rights, scratch
 from .allowances import ALLOW_S, PER_USER, WAIVES, Allowance
 from .changes import modes_at
+from .ctlnodes import (
+    CDir,
+    CFile,
+    CNode,
+    Perm,
+    Verb,
+    Writer,
+    no_args,
+    verb_error,
+    verb_file,
+)
 from .history import History, Version
 from .objects import open_regular
 from .policy import Policy, PolicyError
@@ -43,163 +54,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("rwfs.control")
 
 
-@dataclass(eq=False)
-class CNode:
-    ino: int
-    name: bytes
-
-
-# The owner, group and permission bits an entry shows (SPEC §3.3b): the kernel checks them
-# (rwfs mounts with default_permissions). A writable file gets its owner's write bit too.
-Perm = tuple[int, int, int]
-
-# A control file's writer: the text, and who wrote it ({"pid", "comm", "uid", "gid"}).
-Writer = Callable[[bytes, dict[str, Any]], Awaitable[None]]
-# A verb of a ``ctl`` file: its arguments, and who wrote it.
-Verb = Callable[[list[str], dict[str, Any]], Awaitable[None]]
-
-
 # last-error before the first error: a JSON document like every other (SPEC §5).
 NO_ERROR = {"ok": True, "message": "No error since rwfs mounted this workspace."}
 # How many earlier refusals of a path its why/ entry lists ("recent"), newest first.
 WHY_RECENT = 5
-
-
-def split_verbs(text: str) -> list[list[str]]:
-    """Lines of words, as a POSIX shell splits them: blanks separate words, a newline
-    separates verbs, and quotes ('…', "…") or a backslash keep blanks, newlines and quotes
-    in a word — so a path of any bytes can be named (``shlex.quote`` writes it).
-
-    ValueError on an unterminated quote."""
-    lines: list[list[str]] = []
-    words: list[str] = []
-    word: list[str] = []
-    quote, escaped, started = "", False, False
-    for ch in text + "\n":
-        if escaped:
-            if ch != "\n":  # a backslash before a newline continues the line
-                word.append(ch)
-                started = True
-            escaped = False
-        elif ch == "\\" and quote != "'":  # (inside '…' a backslash is itself)
-            escaped = True
-        elif quote:
-            if ch == quote:
-                quote = ""
-            else:
-                word.append(ch)
-        elif ch in "'\"":
-            quote, started = ch, True
-        elif ch in " \t\r\n":
-            if started:
-                words.append("".join(word))
-                word, started = [], False
-            if ch == "\n" and words:
-                lines.append(words)
-                words = []
-        else:
-            word.append(ch)
-            started = True
-    if quote or escaped:
-        raise ValueError("an unterminated quote")
-    return lines
-
-
-def verb_file(verbs: dict[str, Verb], where: str) -> Writer:
-    """A ``ctl`` file: each line written is a verb and its arguments, run in order."""
-
-    async def write(data: bytes, who: dict[str, Any]) -> None:
-        try:  # surrogate escapes: a path argument may hold any bytes
-            lines = split_verbs(os.fsdecode(data))
-        except ValueError:
-            lines = []
-        if not lines or any(words[0] not in verbs for words in lines):
-            raise RwfsError(
-                errno.EINVAL,
-                "policy_violation",
-                "verb",
-                f"Nothing was done because the text written to {where} is not a known verb; "
-                f"write one of: {', '.join(sorted(verbs))}.",
-                path=where,
-            )
-        for words in lines:
-            await verbs[words[0]](words[1:], who)
-
-    return write
-
-
-def _verb_error(message: str, where: str = ".rw/ctl") -> RwfsError:
-    return RwfsError(errno.EINVAL, "policy_violation", "verb", message, path=where)
-
-
-def no_args(args: list[str], verb: str, where: str) -> None:
-    if args:
-        raise RwfsError(
-            errno.EINVAL,
-            "policy_violation",
-            "verb",
-            f"{verb} takes no argument, so nothing was done; write just '{verb}'.",
-            path=where,
-        )
-
-
-@dataclass(eq=False)
-class CFile(CNode):
-    render: Callable[[], bytes]
-    write: Writer | None = None
-    verbs: bool = False  # each write() is a verb, run before write() returns
-    slow: bool = False  # render() does I/O or parsing: run it in a worker thread
-    max_bytes: int = 1 << 20  # the most a writer may write to it
-    settle: bool = False  # make queued commits reach the tree before render() (handoff)
-    # Read-your-writes: queued commits are journaled first when the journal can take them
-    # (status, journal, stats, the views); while it cannot, render() shows what it has.
-    fresh: bool = False
-    # A view of a workspace path (validate/, risk/): render_shown(fd) judges what the mount
-    # shows there, a descriptor of an open stage or a batch's draft, or -1: the tree's file.
-    shows: bytes | None = None
-    render_shown: Callable[[int], bytes] | None = None
-    # (st_size, st_mtime_ns) of bytes that are fixed, known without rendering them; None:
-    # generated, sized by rendering.
-    stat: Callable[[], tuple[int, int]] | None = None
-    perm: Callable[[], Perm] | None = None  # None: the daemon's, 0444 (0644 if writable)
-    # What render() last made ((length, hash) of the bytes) and since when: the mtime of a
-    # generated file, so that it moves only when its bytes change (tar checks it).
-    seen: tuple[tuple[int, int], int] | None = None
-
-    def rendered(self, data: bytes | None = None) -> tuple[bytes, int]:
-        """Its bytes, rendered now (or ``data``, rendered by the caller), and the time it
-        was first seen to hold them (ns)."""
-        if data is None:
-            data = self.render()
-        key = (len(data), hash(data))
-        seen = self.seen
-        if seen is None or seen[0] != key:
-            seen = self.seen = (key, time.time_ns())
-        return data, seen[1]
-
-
-@dataclass(eq=False)
-class CDir(CNode):
-    children: dict[bytes, CNode] = field(default_factory=dict)
-    # A view of the workspace (validate/, risk/): names are looked up in the tree.
-    mirror: tuple[str, bytes] | None = None  # (view, workspace path of this directory)
-    # Directories that mirror the journal (batches/, conflicts/): brought up to date
-    # before every lookup and listing.
-    refresh: Callable[[], None] | None = None
-    settle: bool = False  # make queued commits journaled first (history/, snapshots/)
-    mkdir: Callable[[bytes, dict[str, Any]], Awaitable[None]] | None = None
-    rmdir: Callable[[bytes], Awaitable[None]] | None = None
-    # Directories that take files (scratch/, chunks/NAME/): a new entry, and its removal.
-    create: Callable[[bytes], CFile] | None = None
-    unlink: Callable[[bytes], Awaitable[None]] | None = None
-    # A name not among the children: made on lookup (history/ of a path it does not list).
-    find: Callable[[bytes], CNode | None] | None = None
-    unlisted: set[bytes] = field(default_factory=set)  # children readdir does not show
-    perm: Callable[[], Perm] | None = None  # None: the daemon's, 0755
-    # The refusal a mkdir of a child that exists gets (batches/, snapshots/, chunks/):
-    # the kernel finds the child by a lookup and fails the mkdir with EEXIST itself,
-    # unasked, so the lookup is the daemon's only chance to put it in ``last-error``.
-    taken: Callable[[bytes], RwfsError | None] | None = None
 
 
 @dataclass
@@ -670,7 +528,7 @@ class Control:
 
     async def _undo(self, args: list[str], who: dict[str, Any]) -> None:
         if len(args) != 1:
-            raise _verb_error("undo takes one batch or session name: write 'undo NAME'.")
+            raise verb_error("undo takes one batch or session name: write 'undo NAME'.")
         await self.ws.sync()  # the journal holds every acknowledged write
         # A batch's name first (an explicit batch, or a batch of one: auto-N); otherwise a
         # run session's (sessions.py): all its events. Reads the whole journal: off the
@@ -681,13 +539,13 @@ class Control:
             key = "session"
             changes = await trio.to_thread.run_sync(self.batches.changes_of, args[0], key)
         if not changes:
-            raise _verb_error(
+            raise verb_error(
                 f"Nothing was undone: the journal has no change by batch or session "
                 f"{args[0]!r} (their names are in .rw/journal and .rw/batches/)."
             )
         undone = self.batches.undone_by(args[0])
         if undone is not None:  # again, it would write the before-bytes over themselves
-            raise _verb_error(
+            raise verb_error(
                 f"Nothing was done: batch {args[0]} was already undone by batch {undone} "
                 f"(see .rw/batches/{undone}/status). To redo {args[0]}, undo {undone} ('rwfs undo "
                 f"{undone}', or 'undo {undone}' in .rw/ctl)."
@@ -727,20 +585,20 @@ class Control:
             event |= {"exit": status, **{k: who[k] for k in ("pid", "comm", "uid")}}
             await trio.to_thread.run_sync(self.ws.store.write, lambda txn: txn.append_event(event))
             return
-        raise _verb_error(
+        raise verb_error(
             "Nothing was done: write 'session begin' (from the process whose descendants "
             "make the session) or 'session end NAME [STATUS]' for an open session."
         )
 
     async def _restore(self, args: list[str], who: dict[str, Any]) -> None:
         if not args:
-            raise _verb_error("restore takes a snapshot name and optional paths.")
+            raise verb_error("restore takes a snapshot name and optional paths.")
         snap = self.snapshots.get(args[0])
         if snap is None:
-            raise _verb_error(f"Nothing was restored: there is no snapshot {args[0]!r}.")
+            raise verb_error(f"Nothing was restored: there is no snapshot {args[0]!r}.")
         bad = [a for a in args[1:] if a.startswith("/") or ".." in a.split("/")]
         if bad:  # (SPEC §5: no control-file input names anything outside the workspace)
-            raise _verb_error(
+            raise verb_error(
                 f"Nothing was restored: {bad[0]!r} is outside the workspace or names it "
                 "through '..'; give paths relative to the workspace's top, such as src/app.py."
             )
@@ -750,7 +608,7 @@ class Control:
             why = self._not_journaled(arg, path)
             if why:  # (before anything is restored: all of it, or nothing)
                 shown = repr(arg[:60] + ("…" if len(arg) > 60 else ""))
-                raise _verb_error(
+                raise verb_error(
                     f"Nothing was restored: {shown} {why}; give the paths of journaled "
                     "files or directories, relative to the workspace's top (each has a "
                     ".rw/history/ entry), or no path to restore the whole workspace."
@@ -813,25 +671,25 @@ class Control:
         cancel = bool(args) and args[0] == "--cancel"
         names = args[1:] if cancel else args
         if not names:
-            raise _verb_error(
+            raise verb_error(
                 "Nothing was allowed: allow takes the paths of files, relative to the "
                 "workspace's top ('allow src/app.py'; 'allow --cancel src/app.py' takes it back)."
             )
         for arg in names:
             if arg.startswith("-"):
-                raise _verb_error(
+                raise verb_error(
                     f"Nothing was allowed: {_shown(arg)} is not an option of allow (its only "
                     f"one is --cancel, first); to name a file whose name starts with '-', "
                     f"write ./{_shown(arg)[1:-1]}."
                 )
         uid = who.get("uid")
         if uid is None:
-            raise _verb_error("Nothing was allowed: the caller's user is not known.")
+            raise verb_error("Nothing was allowed: the caller's user is not known.")
         paths = [self._allowable(arg, who, cancel) for arg in names]
         if cancel:
             mine = [p for p in paths if self.ws.allowances.peek(int(uid), p) is None]
             if mine:
-                raise _verb_error(
+                raise verb_error(
                     f"Nothing was cancelled: you hold no allowance of "
                     f"{_shown(os.fsdecode(mine[0]))} (it was used, it expired, or it was "
                     "never granted; .rw/allowed lists the open ones)."
@@ -839,7 +697,7 @@ class Control:
         else:
             rights.require(self.ws.root_fd, dict.fromkeys(paths, False), who)
             if not self.ws.allowances.room(int(uid), paths):
-                raise _verb_error(
+                raise verb_error(
                     f"Nothing was allowed: a user may hold {PER_USER} allowances at once; "
                     "write the files allowed already, or cancel some ('allow --cancel PATH')."
                 )
@@ -1316,7 +1174,7 @@ class SnapshotViews:
     async def mkdir(self, raw: bytes, who: dict[str, Any]) -> None:
         name = plain_name(raw)
         if name is None:
-            raise _verb_error(
+            raise verb_error(
                 f"No snapshot was made because {raw.decode('utf-8', 'replace')[:40]!r} is not a snapshot name: use 1 to "
                 "64 letters, digits, dots, dashes or underscores, not starting with a dash.",
                 ".rw/snapshots",

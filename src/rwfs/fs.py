@@ -26,7 +26,8 @@ import trio
 
 from . import beneath, kernelflags, notice, parsers
 from .batches import Batches
-from .control import CDir, CFile, CNode, Control
+from .control import Control
+from .ctlnodes import CDir, CFile, CNode
 from .files import Files
 from .inodes import ROOT, Inode, InodeTable
 from .objects import EMPTY_DIGEST

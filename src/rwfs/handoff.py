@@ -20,7 +20,8 @@ import yaml
 from .workspace import _LIMIT
 
 if TYPE_CHECKING:
-    from .control import CDir, Control
+    from .control import Control
+    from .ctlnodes import CDir
 
 _DB = b"handoffs"
 EMPTY = (

@@ -19,7 +19,8 @@ from .store import now_iso
 from .workspace import _LIMIT, RwfsError
 
 if TYPE_CHECKING:
-    from .control import CDir, CFile, Control
+    from .control import Control
+    from .ctlnodes import CDir, CFile
 
 MAX_BYTES = 64 << 20
 _DB = b"scratch"
