@@ -17,6 +17,7 @@ from . import kernelflags  # before pyfuse3 is imported: see kernelflags
 from .mount import (
     UMOUNT_WAIT,
     QuietError,
+    attempt,
     dead,
     locate,
     owed_commits,
@@ -25,6 +26,7 @@ from .mount import (
     serve,
     spawn,
     umount,
+    write_verb,
 )
 
 
@@ -378,36 +380,6 @@ def _control(mount: str, *parts: str) -> str:
     return os.path.join(mount, ".rw", *parts)
 
 
-def _last_error(mount: str) -> str:
-    try:
-        with open(_control(mount, "last-error")) as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def _attempt(mount: str, action: Callable[[], object]) -> None:
-    """Do something to a control file; if refused, say why in the envelope's sentence (when
-    this refusal wrote one: the kernel refuses some things, e.g. an existing name, itself)."""
-    before = _last_error(mount)
-    try:
-        action()
-    except OSError as exc:
-        after = _last_error(mount)
-        message = exc.strerror or str(exc)
-        if after and after != before:
-            message = json.loads(after).get("message", message)
-        raise QuietError(message) from None
-
-
-def _verb(mount: str, ctl: str, verb: str) -> None:
-    def write() -> None:
-        with open(ctl, "wb") as f:
-            f.write(os.fsencode(verb) + b"\n")
-
-    _attempt(mount, write)
-
-
 def _read(path: str) -> str:
     with open(path) as f:
         return f.read()
@@ -443,9 +415,9 @@ def cmd_batch(a: argparse.Namespace) -> int:
     if a.action == "begin":
         if os.path.exists(where):
             raise QuietError(f"batch {a.name} exists already: the name is taken")
-        _attempt(mount, lambda: os.mkdir(where))
+        attempt(mount, lambda: os.mkdir(where))
         if a.scope:
-            _verb(mount, os.path.join(where, "ctl"), f"scope {a.scope}")
+            write_verb(mount, os.path.join(where, "ctl"), f"scope {a.scope}")
         print(f"rwfs: batch {a.name} is open: writes are held until 'rwfs batch commit {a.name}'")
     elif a.action in ("status", "diff"):
         try:
@@ -455,7 +427,7 @@ def cmd_batch(a: argparse.Namespace) -> int:
     else:
         if not os.path.isdir(where):
             raise QuietError(f"there is no batch {a.name}")
-        _verb(mount, os.path.join(where, "ctl"), a.action)
+        write_verb(mount, os.path.join(where, "ctl"), a.action)
         state = json.loads(_read(os.path.join(where, "status")))["state"]
         print(f"rwfs: batch {a.name} is {state}")
     return 0
@@ -491,7 +463,7 @@ def cmd_conflicts(a: argparse.Namespace) -> int:
         print(_read(os.path.join(where, "info")), end="")
         print(_read(os.path.join(where, "merged")), end="")
         return 0
-    _verb(mount, os.path.join(where, "ctl"), a.how)
+    write_verb(mount, os.path.join(where, "ctl"), a.how)
     print(f"rwfs: conflict {a.id} resolved ({a.how})")
     return 0
 
@@ -500,7 +472,7 @@ def _made(mount: str, verb: str) -> str | None:
     """Run a verb that makes a batch (undo, restore); the name of the batch it made."""
     top = _control(mount, "batches")
     before = set(os.listdir(top))
-    _verb(mount, _control(mount, "ctl"), verb)
+    write_verb(mount, _control(mount, "ctl"), verb)
     made = sorted(set(os.listdir(top)) - before)
     return made[0] if len(made) == 1 else None
 
@@ -542,7 +514,7 @@ def cmd_snapshot(a: argparse.Namespace) -> int:
         return 0
     if os.path.exists(os.path.join(top, a.name)):
         raise QuietError(f"snapshot {a.name} exists already: choose another name")
-    _attempt(mount, lambda: os.mkdir(os.path.join(top, a.name)))
+    attempt(mount, lambda: os.mkdir(os.path.join(top, a.name)))
     print(f"rwfs: snapshot {a.name}: see {os.path.join(top, a.name, 'tree')}")
     return 0
 
@@ -629,7 +601,7 @@ def cmd_allow(a: argparse.Namespace) -> int:
     names = [_in_workspace(p, tops) for p in a.paths]
     # Quoted as a shell would (a path may hold any bytes); "./-x", not an option.
     words = [shlex.quote("./" + n if n.startswith("-") else n) for n in names]
-    _verb(
+    write_verb(
         mount,
         _control(mount, "ctl"),
         " ".join(["allow", *(["--cancel"] if a.cancel else []), *words]),
@@ -657,7 +629,7 @@ def cmd_gc(a: argparse.Namespace) -> int:
     ws, mount_point = _workspace(a)
     if mount_point is not None:
         mount = mount_point
-        _verb(mount, _control(mount, "ctl"), "gc")
+        write_verb(mount, _control(mount, "ctl"), "gc")
         with open(_control(mount, "journal")) as f:
             done = [json.loads(line) for line in f if '"op": "gc"' in line][-1]
     else:

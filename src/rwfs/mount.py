@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import faults, kernelflags
@@ -614,6 +615,38 @@ def owed_commits(workspace: str, applied: int | None = None) -> int:
             intents.close()
     finally:
         os.close(state_fd)
+
+
+def last_error(mount: str) -> str:
+    try:
+        with open(os.path.join(mount, ".rw", "last-error")) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def attempt(mount: str, action: Callable[[], object]) -> None:
+    """Do something to a control file; if refused, say why in the envelope's sentence (when
+    this refusal wrote one: the kernel refuses some things, e.g. an existing name, itself)."""
+    before = last_error(mount)
+    try:
+        action()
+    except OSError as exc:
+        after = last_error(mount)
+        message = exc.strerror or str(exc)
+        if after and after != before:
+            message = json.loads(after).get("message", message)
+        raise QuietError(message) from None
+
+
+def write_verb(mount: str, ctl: str, verb: str) -> None:
+    """Write one verb to the control file ``ctl`` of ``mount``, as ``attempt`` does."""
+
+    def write() -> None:
+        with open(ctl, "wb") as f:
+            f.write(os.fsencode(verb) + b"\n")
+
+    attempt(mount, write)
 
 
 def mount_status(mountpoint: str) -> dict[str, Any]:

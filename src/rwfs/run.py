@@ -27,7 +27,17 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .mount import QuietError, dead, locate, refuse_nesting, rwfs_mounts, spawn, umount
+from .mount import (
+    QuietError,
+    attempt,
+    dead,
+    locate,
+    refuse_nesting,
+    rwfs_mounts,
+    spawn,
+    umount,
+    write_verb,
+)
 from .store import Store
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -98,9 +108,7 @@ def _mount_of_workspace(ws: str, mounts: dict[str, str]) -> str | None:
 
 
 def _ctl(mount: str, verb: str, where: str = "ctl") -> None:
-    from .cli import _verb  # (the envelope's message on a refusal)
-
-    _verb(mount, os.path.join(mount, ".rw", where), verb)
+    write_verb(mount, os.path.join(mount, ".rw", where), verb)
 
 
 def _status(mount: str) -> dict[str, Any]:
@@ -579,13 +587,11 @@ def _run_in(a: Any, argv: list[str], ws: str, mount: str, cwd: str, mounted_here
         print(f"rwfs run: {line}", file=sys.stderr)
     batch = a.batch or (f"{name}-review" if a.review else None)
     if batch is not None:
-        from .cli import _attempt
-
         where = os.path.join(mount, ".rw", "batches", batch)
         try:
             if os.path.exists(where):
                 raise QuietError(f"batch {batch} exists already: choose another name")
-            _attempt(mount, lambda: os.mkdir(where))
+            attempt(mount, lambda: os.mkdir(where))
             _ctl(mount, "scope run", os.path.join("batches", batch, "ctl"))
         except QuietError:
             _ctl(mount, f"session end {name}")  # (COMMAND never started)
