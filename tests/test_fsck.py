@@ -6,6 +6,7 @@ finds them."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import re
@@ -276,3 +277,24 @@ def test_changed_distrusts_a_record_past_the_journals_end(workspace: Path) -> No
     assert res.returncode == 1 and f"object {digest} is damaged" in res.stdout
     assert f"the recorded run (LSN {lsn + 100}) is past the journal's end" in res.stderr
     assert meta(workspace, b"fsck:lsn") == lsn
+
+
+def test_a_failed_operation_leaves_nothing_to_recover_at_unmount(workspace: Path) -> None:
+    """A namespace operation that is announced in the intent log and then fails (a
+    directory renamed over one that is not empty) is cancelled there: a clean unmount
+    leaves no generation for the next mount, and fsck finds nothing to recover."""
+    m = Mount(workspace).start()
+    try:
+        for d in ("a", "b"):
+            (m.path / d).mkdir()
+        (m.path / "b" / "x").write_text("x\n")
+        with pytest.raises(OSError) as err:
+            (m.path / "a").rename(m.path / "b")
+        assert err.value.errno == errno.ENOTEMPTY
+    finally:
+        m.stop()
+    logs = workspace / ".rw" / "intents"
+    assert [n.name for n in logs.iterdir() if n.stat().st_size] == []
+    res = rwfs("fsck", str(workspace))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(p.name for p in workspace.iterdir()) == [".rw", "a", "b"]

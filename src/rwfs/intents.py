@@ -119,6 +119,20 @@ class IntentLog:
                 continue
         return out
 
+    def settled(self, gen: int) -> bool:
+        """Whether a generation owes nothing: it holds only operations announced and then
+        cancelled (a rename that failed), which recovery skips."""
+        announced: set[Any] = set()
+        for r in self.records(gen):
+            kind = r.get("kind") if isinstance(r, dict) else None
+            if kind == "event" and not r.get("done"):
+                announced.add(r.get("id"))
+            elif kind == "cancel":
+                announced.discard(r.get("id"))
+            else:
+                return False
+        return not announced
+
     def commits_after(self, applied: int) -> int:
         """How many commit records the generations after ``applied`` hold: commits
         acknowledged to their writers that the journal has not recorded, which the next

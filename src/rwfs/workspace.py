@@ -1214,6 +1214,13 @@ class Workspace:
                 if self.journal.ok and not self._queue and not self._retry:
                     break
                 await trio.sleep(self.journal.retry_in)
+        if self.intents is not None and self.journal.ok and not self._queue and not self._retry:
+            # What the last group left in the log is only what was cancelled since: a
+            # clean unmount leaves nothing for the next mount (or fsck) to recover. Rotated
+            # first: an operation still answering would append to the new generation.
+            gen = self.intents.rotate()
+            if self.intents.settled(gen):
+                self.intents.drop(gen)
         left = self.owed_commits()
         if left:
             log.error(
