@@ -4,9 +4,11 @@ records what the core asked of it."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,10 @@ def run() -> Any:
         store.close()
         os.close(root_fd)
         os.close(state_fd)
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def ops(core: Core, path: str) -> list[str]:
@@ -402,6 +408,51 @@ def test_a_hard_linked_file_is_committed_into_its_inode_and_journaled_for_both_n
     paths = core.ws.store.paths()
     assert paths[b"a.txt"]["digest"] == paths[b"d/b.txt"]["digest"] == write["intended"]
     assert os.listdir(tree / ".rw" / "staging") == []
+
+
+def test_a_stale_write_refused_while_the_change_it_lost_lands(tree: Path, run: Run) -> None:
+    """``stale_write = "conflict"``: a reader's write is refused over a hard-linked file's
+    change still queued, and that change lands while the refusal waits for the journal's
+    lock. The refusal still keeps what the mount showed: the bytes it compares against
+    are the core's own duplicate, not the stage the landing commit closes."""
+    (tree / "f.txt").write_bytes(b"old\n")
+    os.link(tree / "f.txt", tree / "g.txt")
+    reader = {**WHO, "pid": 4343}
+    refused: list[RwfsError] = []
+
+    async def body(core: Core) -> None:
+        core.ws.policy.stale_write = "conflict"
+        f = core.inode("f.txt")
+        core.files.opened_to_read(reader["pid"], f)
+        await core.write(f, b"theirs\n")
+        await core.close(f)  # queued, not landed
+        assert f.pending is not None and core.ws.is_queued(f.pending)
+        exclusive = core.ws.exclusive
+
+        @contextlib.asynccontextmanager
+        async def landing_first() -> AsyncIterator[None]:
+            await core.ws.sync()  # the committer takes the lock first and lands it
+            async with exclusive():
+                yield
+
+        core.ws.exclusive = landing_first  # type: ignore[method-assign]
+        await core.write(f, b"mine\n")
+        try:
+            with pytest.raises(RwfsError) as exc:
+                await core.files.commit(f, reader, False)
+            refused.append(exc.value)
+        finally:
+            core.ws.exclusive = exclusive  # type: ignore[method-assign]
+            f.handles -= 1
+            core.files.release_fd(f)
+
+    core = run(tree, body)
+    assert refused[0].errno == errno.ESTALE, refused[0]
+    assert (tree / "f.txt").read_bytes() == (tree / "g.txt").read_bytes() == b"theirs\n"
+    (conflict,) = [e for e in core.ws.store.events() if e["op"] == "conflict"]
+    digests = [conflict[k] for k in ("expected", "intended", "actual")]
+    assert digests == [sha(b"old\n"), sha(b"mine\n"), sha(b"theirs\n")]
+    assert all(core.ws.objects.exists(d) for d in digests)
 
 
 def test_a_file_removed_and_made_again_is_gated_against_the_removed_bytes(

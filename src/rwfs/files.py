@@ -1296,159 +1296,162 @@ class Files:
         judged = removed if removed is not None and held is None else base_fd
         if not cut:
             base_fd = judged
-        if held is not None and intended in (held.intended, stage.expected):
-            # The batch's draft again, or the batch's base again (no change left).
-            self.ws.drop_stage(stage)
-            inode.stage = held.stage
+        # Duplicates: a commit this one waits on below (gates off the loop, a digest, a
+        # batch's hold) may land and close these (or their numbers be reused).
+        with borrowed(base_fd, judged) as (base_fd, judged):
+            if held is not None and intended in (held.intended, stage.expected):
+                # The batch's draft again, or the batch's base again (no change left).
+                self.ws.drop_stage(stage)
+                inode.stage = held.stage
+                if intended == stage.expected:
+                    await self.batches.unhold(self.batches.all[str(held.batch)], path)
+                return
             if intended == stage.expected:
-                await self.batches.unhold(self.batches.all[str(held.batch)], path)
-            return
-        if intended == stage.expected:
-            self.ws.drop_stage(stage)
-            inode.stage = self.beneath(inode)
-            # A write all the same: mtime moves where it shows (atime does not: no read).
-            if inode.stage is not None:
-                kept = os.fstat(inode.stage.fd).st_atime_ns
-                os.utime(inode.stage.fd, ns=(kept, time.time_ns()))
+                self.ws.drop_stage(stage)
+                inode.stage = self.beneath(inode)
+                # A write all the same: mtime moves where it shows (atime does not: no read).
+                if inode.stage is not None:
+                    kept = os.fstat(inode.stage.fd).st_atime_ns
+                    os.utime(inode.stage.fd, ns=(kept, time.time_ns()))
+                else:
+                    kw: dict[str, Any] = {"dir_fd": self.ws.root_fd, "follow_symlinks": False}
+                    kept = os.stat(rel(path), **kw).st_atime_ns
+                    os.utime(rel(path), ns=(kept, time.time_ns()), **kw)
+                self.ws.record(
+                    {
+                        "op": "noop",
+                        "path": fsdecode(path),
+                        "batch": None,
+                        "intended": intended,
+                        **ctx_info,
+                    }
+                )
+                self.ws.stats.count("noops")
+                self.on_written(path, intended, None)
+                return
+            if stage.written and (path != gated or held is not held_before):
+                # Renamed during the seal, or the batch ended meanwhile: gate it as what it
+                # is now, against what the mount shows now.
+                findings = await self.ws.run_gates(path, judged, stage.fd, stage.cut_last)
+            # The writer's allowance of this path, if it has one, is used up here and waives
+            # what it may (allowances.py). Within a batch it goes with the batch's change. Not
+            # by a truncation alone, never judged: it waits for the write after it, which is
+            # judged against the bytes from before the cut (``_cut_before``).
+            allowance = None
+            if stage.written:
+                findings, allowance = self.ws.let_through(path, ctx_info, findings)
+            if allowance is None and held is not None and "allowed" in held.info:
+                allowance_record: dict[str, Any] | None = held.info["allowed"]
             else:
-                kw: dict[str, Any] = {"dir_fd": self.ws.root_fd, "follow_symlinks": False}
-                kept = os.stat(rel(path), **kw).st_atime_ns
-                os.utime(rel(path), ns=(kept, time.time_ns()), **kw)
-            self.ws.record(
-                {
-                    "op": "noop",
-                    "path": fsdecode(path),
-                    "batch": None,
-                    "intended": intended,
-                    **ctx_info,
-                }
-            )
-            self.ws.stats.count("noops")
-            self.on_written(path, intended, None)
-            return
-        if stage.written and (path != gated or held is not held_before):
-            # Renamed during the seal, or the batch ended meanwhile: gate it as what it
-            # is now, against what the mount shows now.
-            findings = await self.ws.run_gates(path, judged, stage.fd, stage.cut_last)
-        # The writer's allowance of this path, if it has one, is used up here and waives
-        # what it may (allowances.py). Within a batch it goes with the batch's change. Not
-        # by a truncation alone, never judged: it waits for the write after it, which is
-        # judged against the bytes from before the cut (``_cut_before``).
-        allowance = None
-        if stage.written:
-            findings, allowance = self.ws.let_through(path, ctx_info, findings)
-        if allowance is None and held is not None and "allowed" in held.info:
-            allowance_record: dict[str, Any] | None = held.info["allowed"]
-        else:
-            allowance_record = allowance.record() if allowance is not None else None
-        if any(f.action == "reject" for f in findings):
-            # Refused: the draft is kept, the stage goes, the file reads as before.
-            put_back = removed is not None and held is None
-            if put_back:
-                assert removed is not None
-                shown = await self.ws.digest(removed)
-            err = await self.ws.refuse(path, stage.fd, shown, intended, findings, ctx_info)
-            await self._unstage(inode, held, stage)
-            if put_back:
-                assert removed is not None and shown is not None
-                refused = err.envelope.get("lsn") or 0
-                base = str(stage.expected)
-                await self._put_back(inode, path, removed, shown, base, ctx_info, refused)
-            if wait:
-                # fsync(): the kernel holds the inode's lock until we answer, and
-                # invalidating needs it, so it runs after the answer.
-                self.kernel.invalidate(inode)
-            else:
-                await self.kernel.invalidate_now(inode)  # a reread must not see the draft
-            raise err
-        info = dict(ctx_info)
-        if findings:
-            info["warnings"] = [
-                {"gate": f.gate, "message": f.message, **f.details} for f in findings
-            ]
-        if allowance_record is not None:
-            info["allowed"] = allowance_record
-        stale, read_fd = self._stale_read(inode, ctx_info), -1
-        if stale is None:
-            stale, read_fd = await self._replaced_read(inode, path, ctx_info, shown)
-        if stale is not None:
-            if self.ws.policy.stale_write == "conflict":
-                with borrowed(read_fd) as (rfd,):  # eviction may close the original
-                    err = await self.ws.stale_conflict(
-                        path,
-                        stage,
-                        intended,
-                        stale or None,
-                        ctx_info,
-                        actual=(shown, base_fd),
-                        batch=held.batch if held is not None else None,
-                        read_fd=rfd,
-                    )
+                allowance_record = allowance.record() if allowance is not None else None
+            if any(f.action == "reject" for f in findings):
+                # Refused: the draft is kept, the stage goes, the file reads as before.
+                put_back = removed is not None and held is None
+                if put_back:
+                    assert removed is not None
+                    shown = await self.ws.digest(removed)
+                err = await self.ws.refuse(path, stage.fd, shown, intended, findings, ctx_info)
                 await self._unstage(inode, held, stage)
-                if allowance is not None:  # the write did not happen: the allowance stays
-                    self.ws.allowances.give_back(allowance)
+                if put_back:
+                    assert removed is not None and shown is not None
+                    refused = err.envelope.get("lsn") or 0
+                    base = str(stage.expected)
+                    await self._put_back(inode, path, removed, shown, base, ctx_info, refused)
                 if wait:
+                    # fsync(): the kernel holds the inode's lock until we answer, and
+                    # invalidating needs it, so it runs after the answer.
                     self.kernel.invalidate(inode)
                 else:
-                    await self.kernel.invalidate_now(inode)
+                    await self.kernel.invalidate_now(inode)  # a reread must not see the draft
                 raise err
-            info.setdefault("warnings", []).append(
-                {
-                    "gate": "stale_write",
-                    "message": "this process read an older version of the file than "
-                    "the one it replaced: a change made meanwhile may be lost",
-                    "read": stale or None,
-                }
-            )
-            self.ws.stats.count("stale_writes")
-        self._new_version(inode, shown, intended, ctx_info)
-        commit = Commit(path, stage, intended, size, info, owner=inode)
-        if len(inode.paths) > 1:  # hard links: committed in place, every name journaled
-            commit.aliases = tuple(sorted(inode.paths - {path}))
-        commit.linked = bool(commit.aliases) or _nlink(self.ws.root_fd, inode) > 1
-        # A file an open batch holds stays in it, whoever writes it (every writer
-        # built on the draft); otherwise the batch whose scope the writer is in.
-        batch = self.batches.all.get(str(held.batch)) if held else None
-        if batch is None and inode.virtual:  # made again where the batch deletes a file
-            batch = self.batches.holding(path)
-        batch = batch or self.batches.for_writer(ctx_info)
-        if batch is not None and held is None and inode.pending is not None:
-            # Built on a commit still queued (``ensure_stage``): a batch's base is the
-            # tree's bytes, so that one lands first.
-            await self.settle(inode)
-        if batch is not None and await self.batches.hold(batch, commit, wait):
-            inode.pending = commit
+            info = dict(ctx_info)
+            if findings:
+                info["warnings"] = [
+                    {"gate": f.gate, "message": f.message, **f.details} for f in findings
+                ]
+            if allowance_record is not None:
+                info["allowed"] = allowance_record
+            stale, read_fd = self._stale_read(inode, ctx_info), -1
+            if stale is None:
+                stale, read_fd = await self._replaced_read(inode, path, ctx_info, shown)
+            if stale is not None:
+                if self.ws.policy.stale_write == "conflict":
+                    with borrowed(read_fd) as (rfd,):  # eviction may close the original
+                        err = await self.ws.stale_conflict(
+                            path,
+                            stage,
+                            intended,
+                            stale or None,
+                            ctx_info,
+                            actual=(shown, base_fd),
+                            batch=held.batch if held is not None else None,
+                            read_fd=rfd,
+                        )
+                    await self._unstage(inode, held, stage)
+                    if allowance is not None:  # the write did not happen: the allowance stays
+                        self.ws.allowances.give_back(allowance)
+                    if wait:
+                        self.kernel.invalidate(inode)
+                    else:
+                        await self.kernel.invalidate_now(inode)
+                    raise err
+                info.setdefault("warnings", []).append(
+                    {
+                        "gate": "stale_write",
+                        "message": "this process read an older version of the file than "
+                        "the one it replaced: a change made meanwhile may be lost",
+                        "read": stale or None,
+                    }
+                )
+                self.ws.stats.count("stale_writes")
+            self._new_version(inode, shown, intended, ctx_info)
+            commit = Commit(path, stage, intended, size, info, owner=inode)
+            if len(inode.paths) > 1:  # hard links: committed in place, every name journaled
+                commit.aliases = tuple(sorted(inode.paths - {path}))
+            commit.linked = bool(commit.aliases) or _nlink(self.ws.root_fd, inode) > 1
+            # A file an open batch holds stays in it, whoever writes it (every writer
+            # built on the draft); otherwise the batch whose scope the writer is in.
+            batch = self.batches.all.get(str(held.batch)) if held else None
+            if batch is None and inode.virtual:  # made again where the batch deletes a file
+                batch = self.batches.holding(path)
+            batch = batch or self.batches.for_writer(ctx_info)
+            if batch is not None and held is None and inode.pending is not None:
+                # Built on a commit still queued (``ensure_stage``): a batch's base is the
+                # tree's bytes, so that one lands first.
+                await self.settle(inode)
+            if batch is not None and await self.batches.hold(batch, commit, wait):
+                inode.pending = commit
+                commit.shown = True
+                self.on_written(path, intended, commit)
+                return
+            remembered = None
+            if ((not stage.written and stage.cut_last) or intended == EMPTY_DIGEST) and (
+                not inode.virtual
+            ):
+                # An explicit truncation alone, or a file emptied (``: > f``, small enough to
+                # pass): a write of the same user's soon after is judged against the bytes
+                # from before it (``_cut_before``).
+                remembered = await self._keep_cut(path, commit, judged, ctx_info)
+            before, inode.pending = inode.pending, commit
+            try:
+                await self.ws.submit(commit, wait)
+            except BaseException:
+                if remembered is not None:
+                    self._drop_cut(path)
+                # Refused before the committer took it (e.g. the journal is unavailable):
+                # nothing was written, so the stage goes and the file reads as before.
+                if inode.pending is commit and not self.ws.is_queued(commit):
+                    inode.pending = before if before is not None and not before.settled else None
+                    if inode.stage is stage:
+                        inode.stage = self.beneath(inode)
+                    self.ws.drop_stage(stage)
+                    self.kernel.invalidate(inode)
+                    if allowance is not None:
+                        self.ws.allowances.give_back(allowance)
+                raise
+            # (a submit that waited, for fsync or strict durability, saw its record already)
             commit.shown = True
             self.on_written(path, intended, commit)
-            return
-        remembered = None
-        if ((not stage.written and stage.cut_last) or intended == EMPTY_DIGEST) and (
-            not inode.virtual
-        ):
-            # An explicit truncation alone, or a file emptied (``: > f``, small enough to
-            # pass): a write of the same user's soon after is judged against the bytes
-            # from before it (``_cut_before``).
-            remembered = await self._keep_cut(path, commit, judged, ctx_info)
-        before, inode.pending = inode.pending, commit
-        try:
-            await self.ws.submit(commit, wait)
-        except BaseException:
-            if remembered is not None:
-                self._drop_cut(path)
-            # Refused before the committer took it (e.g. the journal is unavailable):
-            # nothing was written, so the stage goes and the file reads as before.
-            if inode.pending is commit and not self.ws.is_queued(commit):
-                inode.pending = before if before is not None and not before.settled else None
-                if inode.stage is stage:
-                    inode.stage = self.beneath(inode)
-                self.ws.drop_stage(stage)
-                self.kernel.invalidate(inode)
-                if allowance is not None:
-                    self.ws.allowances.give_back(allowance)
-            raise
-        # (a submit that waited, for fsync or strict durability, saw its record already)
-        commit.shown = True
-        self.on_written(path, intended, commit)
 
     def path_removed(self, path: bytes, who: dict[str, Any], fd: int) -> None:
         """``path`` stopped naming a journaled file (an unlink, or a rename away), whose
