@@ -1,4 +1,4 @@
-"""Builds rwfs's one C extension, ``rwfs._fuseopen`` (see src/rwfs/kernelflags.py).
+"""Builds rwfs's one C extension, ``rwfs.fuse._fuseopen`` (see src/rwfs/fuse/kernelflags.py).
 Everything else about the package is in pyproject.toml."""
 
 import subprocess
@@ -19,8 +19,8 @@ def fuse3_include_dirs() -> list[str]:
 setup(
     ext_modules=[
         Extension(
-            "rwfs._fuseopen",
-            ["src/rwfs/_fuseopen.c"],
+            "rwfs.fuse._fuseopen",
+            ["src/rwfs/fuse/_fuseopen.c"],
             include_dirs=fuse3_include_dirs(),
             libraries=["dl"],
         )

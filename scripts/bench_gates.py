@@ -6,7 +6,7 @@ this machine's standard library, site-packages, npm and /usr/include, broken the
 output breaks (failure variants: the rate refused is the recall) and edited the way people
 edit (legitimate edits: the rate refused is the false-refusal rate), per variant kind.
 
-Each sample is one call of ``rwfs.gates.check`` as a commit makes it, in an edit session:
+Each sample is one call of ``rwfs.checks.gates.check`` as a commit makes it, in an edit session:
 each version changes one line of the one before (a digit in a different place), so that no
 gate stops early. The session's first commit is not timed: a file's first commit through
 rwfs parses it in full (the "cold" column); later ones parse tree-sitter formats
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rwfs import gates
+from rwfs.checks import gates
 from rwfs.policy import Policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

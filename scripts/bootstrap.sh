@@ -26,7 +26,7 @@ rwfs_venv() {
     # $1: pip extras ("" or "[test]")
     local venv="$RWFS_ROOT/.venv" stamp
     # The C extension is built by the install: a change to it needs one too.
-    stamp="$(cat "$RWFS_ROOT/pyproject.toml" "$RWFS_ROOT/setup.py" "$RWFS_ROOT/src/rwfs/_fuseopen.c" \
+    stamp="$(cat "$RWFS_ROOT/pyproject.toml" "$RWFS_ROOT/setup.py" "$RWFS_ROOT/src/rwfs/fuse/_fuseopen.c" \
         | sha256sum | cut -c1-16)$1"
     if [ ! -x "$venv/bin/python" ]; then
         # RWFS_PYTHON: the Python to build it on (one every user can run, for a shared install).

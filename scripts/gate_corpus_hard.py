@@ -32,7 +32,7 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from rwfs import gates, parsers
+from rwfs.checks import gates, parsers
 from rwfs.policy import Policy
 
 

@@ -34,7 +34,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rwfs import gates, parsers
+from rwfs.checks import gates, parsers
 from rwfs.policy import Policy
 
 

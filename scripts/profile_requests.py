@@ -2,10 +2,10 @@
 
 Run through ``scripts/profile`` (which bootstraps the venv). For each durability mode a
 fresh workspace under /tmp is mounted over itself by a daemon that is this script run
-with ``--daemon``: the daemon runs in-process (``rwfs.mount.serve``) with counting
+with ``--daemon``: the daemon runs in-process (``rwfs.cli.mount.serve``) with counting
 wrappers installed first, and src/ is not changed. The wrappers count and time
 
-- every FUSE handler of ``rwfs.fs.Operations`` (the requests Python answers; writes and
+- every FUSE handler of ``rwfs.fuse.fs.Operations`` (the requests Python answers; writes and
   ``security.capability`` questions answered in C by ``_fuseopen`` are counted apart);
 - ``trio.to_thread.run_sync`` (thread hops, by calling function > function run), and
   calls back into the loop (``from_thread``, ``run_sync_soon``);
@@ -64,7 +64,7 @@ def log(msg: str) -> None:
 
 
 # =======================================================================================
-# The daemon side: counting wrappers, then rwfs.mount.serve
+# The daemon side: counting wrappers, then rwfs.cli.mount.serve
 
 
 class Counters:
@@ -110,7 +110,7 @@ def _name(fn: Any) -> str:
 def install_wrappers() -> None:
     # First, as rwfs.cli does: pyfuse3 loaded before it would bind libfuse's own
     # fuse_reply_open and fuse_session_new, and the C fast paths would be off.
-    from rwfs import kernelflags
+    from rwfs.fuse import kernelflags
 
     if not kernelflags.ACTIVE:
         raise RuntimeError(
@@ -119,13 +119,13 @@ def install_wrappers() -> None:
     import pyfuse3
     import trio
 
-    import rwfs.batches  # noqa: F401  (every module that holds syncfs, imported first)
-    import rwfs.fs
-    import rwfs.intents
-    import rwfs.mount  # noqa: F401
-    import rwfs.recovery  # noqa: F401
-    import rwfs.store
-    import rwfs.workspace
+    import rwfs.cli.mount  # noqa: F401
+    import rwfs.core.batches  # noqa: F401  (every module that holds syncfs, imported first)
+    import rwfs.core.recovery  # noqa: F401
+    import rwfs.core.workspace
+    import rwfs.fuse.fs
+    import rwfs.journal.intents
+    import rwfs.journal.store
 
     pc = time.perf_counter
 
@@ -133,7 +133,7 @@ def install_wrappers() -> None:
     # handler one calls (create opens its file through open) is counted apart: no request.
     base = set(dir(pyfuse3.Operations))
     in_op = contextvars.ContextVar("in_op", default=False)
-    for name, fn in list(vars(rwfs.fs.Operations).items()):
+    for name, fn in list(vars(rwfs.fuse.fs.Operations).items()):
         if name in base and not name.startswith("_") and callable(fn):
 
             def op_wrap(fn: Any = fn, key: str = "op:" + name) -> Any:
@@ -150,7 +150,7 @@ def install_wrappers() -> None:
 
                 return handler
 
-            setattr(rwfs.fs.Operations, name, op_wrap())
+            setattr(rwfs.fuse.fs.Operations, name, op_wrap())
 
     # Thread hops: await time, and the time the function ran in its thread (extra).
     to_thread = trio.to_thread.run_sync
@@ -206,7 +206,7 @@ def install_wrappers() -> None:
 
     for what in ("fsync", "fdatasync", "sync"):
         setattr(os, what, sync_wrap(getattr(os, what), what))
-    syncfs = sync_wrap(rwfs.workspace.syncfs, "syncfs")
+    syncfs = sync_wrap(rwfs.core.workspace.syncfs, "syncfs")
     for mod in list(sys.modules.values()):
         if getattr(mod, "__name__", "").startswith("rwfs") and hasattr(mod, "syncfs"):
             mod.syncfs = syncfs  # type: ignore[attr-defined]
@@ -250,14 +250,14 @@ def install_wrappers() -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(self._env, name)
 
-    store_init = rwfs.store.Store.__init__
+    store_init = rwfs.journal.store.Store.__init__
 
     def init(self: Any, *args: Any, **kw: Any) -> None:
         store_init(self, *args, **kw)
         self.env = EnvProxy(self.env)
 
-    rwfs.store.Store.__init__ = init  # type: ignore[method-assign]
-    store_write = rwfs.store.Store.write
+    rwfs.journal.store.Store.__init__ = init  # type: ignore[method-assign]
+    store_write = rwfs.journal.store.Store.write
 
     def write(self: Any, fn: Any, *args: Any) -> Any:
         t = pc()
@@ -266,10 +266,10 @@ def install_wrappers() -> None:
         finally:
             C.add(f"store.write:{_caller()}>{_name(fn)}", pc() - t)
 
-    rwfs.store.Store.write = write  # type: ignore[method-assign]
+    rwfs.journal.store.Store.write = write  # type: ignore[method-assign]
 
     # The intent log.
-    append = rwfs.intents.IntentLog.append
+    append = rwfs.journal.intents.IntentLog.append
 
     def intent_append(self: Any, record: dict[str, Any]) -> None:
         t = pc()
@@ -278,17 +278,17 @@ def install_wrappers() -> None:
         finally:
             C.add(f"intent:{record.get('kind')}", pc() - t)
 
-    rwfs.intents.IntentLog.append = intent_append  # type: ignore[method-assign]
-    rotate = rwfs.intents.IntentLog.rotate
+    rwfs.journal.intents.IntentLog.append = intent_append  # type: ignore[method-assign]
+    rotate = rwfs.journal.intents.IntentLog.rotate
 
     def intent_rotate(self: Any) -> int:
         C.add("intent_rotate")
         return rotate(self)
 
-    rwfs.intents.IntentLog.rotate = intent_rotate  # type: ignore[method-assign]
+    rwfs.journal.intents.IntentLog.rotate = intent_rotate  # type: ignore[method-assign]
 
     # The committer's groups (extra: how many commits and events each took).
-    attempt = rwfs.workspace.Workspace._attempt
+    attempt = rwfs.core.workspace.Workspace._attempt
 
     async def timed_attempt(self: Any, group: list[Any], gens: list[int], **kw: Any) -> bool:
         t = pc()
@@ -297,7 +297,7 @@ def install_wrappers() -> None:
         finally:
             C.add("group", pc() - t, len(group))
 
-    rwfs.workspace.Workspace._attempt = timed_attempt  # type: ignore[method-assign]
+    rwfs.core.workspace.Workspace._attempt = timed_attempt  # type: ignore[method-assign]
 
 
 def daemon_main(workspace: str, outdir: str, options: list[str]) -> int:
@@ -305,8 +305,8 @@ def daemon_main(workspace: str, outdir: str, options: list[str]) -> int:
     import logging
 
     install_wrappers()
-    from rwfs import kernelflags
-    from rwfs.mount import serve
+    from rwfs.cli.mount import serve
+    from rwfs.fuse import kernelflags
 
     out = Path(outdir)
     seq = [0]

@@ -5,7 +5,7 @@ journaling at all: the floor under any design that answers FUSE requests in Pyth
 so that each row shows how much of rwfs's time is the stack it runs on and how much is
 rwfs's own work (docs/performance.md). It serves the kernel the way rwfs does where that
 costs nothing: entry and attribute timeouts of 60 s, ``keep_cache`` on open, the same
-nice value, and the kernel caches rwfs's C extension asks for (``rwfs.kernelflags``: no
+nice value, and the kernel caches rwfs's C extension asks for (``rwfs.fuse.kernelflags``: no
 OPENDIR and every listing cached, no FLUSH at a read-only close, written pages kept).
 It answers every request on the event loop with one or two system calls, but ``fsync``
 in a worker thread.
@@ -23,13 +23,13 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from rwfs import kernelflags  # before pyfuse3, whose libfuse calls it must wrap
+from rwfs.fuse import kernelflags  # before pyfuse3, whose libfuse calls it must wrap
 
 import pyfuse3  # noqa: E402  (isort: skip)
 import trio
 
 TIMEOUT = 60.0
-NICE = -10  # rwfs.mount.NICE: the same priority as the daemon it is compared with
+NICE = -10  # rwfs.cli.mount.NICE: the same priority as the daemon it is compared with
 _libc = ctypes.CDLL(None, use_errno=True)
 _AT_FDCWD = -100
 

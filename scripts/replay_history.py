@@ -1,5 +1,5 @@
 """Gates over real version history: every edit of a project's history, replayed through
-``rwfs.gates.check`` as a commit makes it, and the edits refused counted.
+``rwfs.checks.gates.check`` as a commit makes it, and the edits refused counted.
 
 Every edit a project's maintainers committed is a legitimate one, so every refusal here is
 a false refusal (a bad edit that reached a project's history is rare, and --show lets each
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from rwfs import gates, parsers
+from rwfs.checks import gates, parsers
 from rwfs.policy import Policy
 
 # Docs the gates judge as text (truncation, elision), beside the formats they parse.

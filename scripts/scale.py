@@ -46,12 +46,11 @@ sys.path.insert(0, str(SCRIPTS))
 
 import bench  # noqa: E402  (scripts/bench.py: its Mount and wait_idle)
 
-from rwfs.gc import FIRST_AFTER_S  # noqa: E402
-from rwfs.objects import EMPTY_DIGEST, ObjectStore  # noqa: E402
-from rwfs.store import Store, Txn  # noqa: E402
+from rwfs.features.gc import FIRST_AFTER_S  # noqa: E402
+from rwfs.journal.objects import EMPTY_DIGEST, ObjectStore  # noqa: E402
+from rwfs.journal.store import Store, Txn  # noqa: E402
 
-# The installed command, as a user runs it: `python -m rwfs.cli` would compile cli.py at
-# every start (a __main__ module's bytecode is never cached).
+# The installed command, as a user runs it.
 RWFS = [str(Path(sys.executable).with_name("rwfs"))]
 LISTED = "src/listed.py"  # the file whose history is listed and restored
 LISTED_VERSIONS = 20  # the same at every size: the listing's cost is the journal's

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gate_corpus_hard as hard  # noqa: E402
 
-from rwfs import gates, parsers  # noqa: E402
+from rwfs.checks import gates, parsers  # noqa: E402
 from rwfs.policy import Policy  # noqa: E402
 
 CONFIG = Policy().gate

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from rwfs.core.workspace import Workspace
+from rwfs.journal.store import Store
 from rwfs.policy import Policy
-from rwfs.store import Store
-from rwfs.workspace import Workspace
 
 RWFS = [sys.executable, "-m", "rwfs.cli"]
 
@@ -257,7 +257,7 @@ def ws(tmp_path: Path) -> Iterator[Workspace]:
 
 async def submit_new(ws: Any, i: int, wait: bool, owner: Any = None) -> Any:
     """Commit ``new <i>`` over the file ``f<i>`` of the tree through ``ws.submit``."""
-    from rwfs.workspace import Commit
+    from rwfs.core.workspace import Commit
 
     fd = os.open(ws.tree / f"f{i}", os.O_RDONLY)
     try:

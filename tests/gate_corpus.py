@@ -7,7 +7,7 @@ Sources (each one skipped when absent): the Python standard library (under
 ``/usr/share/nodejs``) and C headers (``/usr/include``). ``corpus(seed, per_group)`` draws
 a fixed sample of files and makes every variant of each: a list of ``Case``, each a
 failure variant (``bad``: the gates should refuse it) or a legitimate edit (they should
-let it through). ``evaluate`` runs ``rwfs.gates.check`` on each with the default policy.
+let it through). ``evaluate`` runs ``rwfs.checks.gates.check`` on each with the default policy.
 Used by tests/test_gate_corpus.py and by ``scripts/bench gates``.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rwfs import gates, parsers
+from rwfs.checks import gates, parsers
 from rwfs.policy import Policy
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import Mount, check_clean, prepare_state
 
-from rwfs import gates, parsers
+from rwfs.checks import gates, parsers
 from rwfs.policy import DEFAULT_TEXT, Policy
 
 DEEP = 100_000
@@ -235,7 +235,7 @@ def test_an_out_of_range_policy_through_the_mount_is_refused_whole(mount: Mount)
 
 
 def test_plain_name_refuses_a_leading_dash() -> None:
-    from rwfs.store import plain_name
+    from rwfs.journal.store import plain_name
 
     for bad in (b"-x", b"--help", b"-", b"-rf", b".", b"..", b"a/b", b"", b"x" * 65):
         assert plain_name(bad) is None, bad

@@ -213,7 +213,7 @@ def test_a_stale_write_in_a_batch_keeps_the_draft_and_records_real_digests(
 
 def test_log_prints_any_event_shape() -> None:
     """``rwfs log`` shortens digests; a value that is not one must not crash it."""
-    from rwfs.cli import _short
+    from rwfs.cli.commands import _short
 
     assert _short("sha256:" + "ab" * 32) == "ab" * 6
     for odd in ("unknown", "", None, 7, "sha256:", ":x"):

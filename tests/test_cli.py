@@ -151,13 +151,20 @@ def test_a_stopped_daemon_elsewhere_does_not_hang_a_verb_here(mount: Mount, tmp_
 
 
 # The modules only the daemon needs: a verb that imports them starts several times slower.
-DAEMON_MODULES = ("trio", "pyfuse3", "rwfs.fs", "rwfs.control", "rwfs.workspace", "rwfs.batches")
+DAEMON_MODULES = (
+    "trio",
+    "pyfuse3",
+    "rwfs.fuse.fs",
+    "rwfs.control.tree",
+    "rwfs.core.workspace",
+    "rwfs.core.batches",
+)
 
 _IMPORTS = """\
 import sys
-import rwfs.cli
+import rwfs.cli.commands
 try:
-    rwfs.cli.main(sys.argv[2:])
+    rwfs.cli.commands.main(sys.argv[2:])
 except SystemExit:
     pass
 with open(sys.argv[1], "w") as f:
@@ -213,7 +220,7 @@ def test_umount_returns_once_the_daemons_pid_is_gone(workspace: Path) -> None:
 def test_umount_says_when_the_daemon_does_not_exit(
     mount: Mount, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rwfs import mount as mounting
+    from rwfs.cli import mount as mounting
 
     assert mount.proc is not None
     pid = mount.proc.pid

@@ -349,7 +349,7 @@ def test_a_mount_point_inside_a_mount_is_refused(mount: Mount, tmp_path: Path) -
 
 
 def test_modes_at_follows_the_journal() -> None:
-    from rwfs.changes import modes_at
+    from rwfs.core.changes import modes_at
 
     evs = [
         {"op": "create", "path": "a.sh", "mode": 0o755},

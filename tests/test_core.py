@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from conftest import submit_new
 
-from rwfs.objects import ObjectStore
+from rwfs.core.recovery import recover
+from rwfs.journal.objects import ObjectStore
+from rwfs.journal.store import SCHEMA_VERSION, Store
 from rwfs.policy import DEFAULT_TEXT, Policy, PolicyError
-from rwfs.recovery import recover
-from rwfs.store import SCHEMA_VERSION, Store
 
 
 def sha(data: bytes) -> str:
@@ -71,7 +71,7 @@ def test_events_get_increasing_lsns_and_filter_by_path(tmp_path: Path) -> None:
 
 
 def test_events_are_read_in_chunks_without_losing_any(tmp_path: Path, monkeypatch: Any) -> None:
-    from rwfs import store
+    from rwfs.journal import store
 
     monkeypatch.setattr(store, "EVENTS_CHUNK", 4)
     s = Store(str(tmp_path / "j"))
@@ -89,7 +89,7 @@ def test_events_are_read_in_chunks_without_losing_any(tmp_path: Path, monkeypatc
 
 
 def test_the_newest_events_are_read_back_from_the_end(tmp_path: Path, monkeypatch: Any) -> None:
-    from rwfs import store
+    from rwfs.journal import store
 
     monkeypatch.setattr(store, "EVENTS_CHUNK", 4)
     s = Store(str(tmp_path / "j"))
@@ -224,8 +224,8 @@ def test_journal_unavailable_refuses_a_strict_write_with_nothing_changed(
 ) -> None:
     import trio
 
-    from rwfs.store import JournalUnavailable
-    from rwfs.workspace import Commit, RwfsError
+    from rwfs.core.workspace import Commit, RwfsError
+    from rwfs.journal.store import JournalUnavailable
 
     (ws.tree / "f").write_bytes(b"old")
     real_write = ws.store.write
@@ -293,14 +293,14 @@ NOT_ELIDED = [
 
 
 def test_elision_placeholders_and_ordinary_comments() -> None:
-    from rwfs.gates import _placeholder
+    from rwfs.checks.gates import _placeholder
 
     assert [line for line in ELIDED if not _placeholder(line)] == []
     assert [line for line in NOT_ELIDED if _placeholder(line)] == []
 
 
 def test_gates_leave_explicit_truncation_and_binary_content_to_the_caller() -> None:
-    from rwfs.gates import check
+    from rwfs.checks.gates import check
 
     cfg = Policy().gate
     old = b"".join(b"line %d\n" % i for i in range(100))
@@ -320,7 +320,7 @@ def test_gates_leave_explicit_truncation_and_binary_content_to_the_caller() -> N
 
 
 def test_gates_on_bytes() -> None:
-    from rwfs.gates import check
+    from rwfs.checks.gates import check
 
     cfg = Policy().gate
     old = b"".join(b"line %d\n" % i for i in range(100))
@@ -336,7 +336,7 @@ def test_gates_on_bytes() -> None:
 
 
 def test_risk_score_follows_the_paper() -> None:
-    from rwfs.gates import risk
+    from rwfs.checks.gates import risk
 
     assert risk(b"def f():\n    return 1\n") == {
         "score": 0.0,
@@ -404,7 +404,7 @@ def test_risk_prefilters_find_exactly_what_the_patterns_find() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from rwfs import gates
+    from rwfs.checks import gates
 
     @settings(max_examples=300, deadline=None)
     @given(st.lists(st.sampled_from(_RISK_PIECES), max_size=60))
@@ -434,7 +434,7 @@ def test_another_tasks_flush_does_not_leave_the_committer_waiting_out_its_interv
     import trio
     import trio.testing
 
-    from rwfs.workspace import Commit
+    from rwfs.core.workspace import Commit
 
     ws.policy.commit_interval_ms = 3_600_000  # only urgency can start a group
     for i in range(2):
@@ -468,7 +468,7 @@ def test_a_groups_records_go_in_the_next_groups_receipts_transaction(
     # group (here as long as it takes), and a sync writes them at once.
     import trio
 
-    from rwfs import workspace
+    from rwfs.core import workspace
 
     monkeypatch.setattr(workspace, "RECORD_WAIT", 3600.0)
     for i in range(6):
@@ -521,7 +521,7 @@ def test_a_stage_dropped_while_its_group_is_not_synced_keeps_its_name_until_the_
     # bytes until the group's syncfs, which waits with its records for the next group.
     import trio
 
-    from rwfs import workspace
+    from rwfs.core import workspace
 
     monkeypatch.setattr(workspace, "RECORD_WAIT", 3600.0)
     (ws.tree / "f0").write_bytes(b"old")
@@ -553,7 +553,7 @@ def test_a_long_queue_starts_a_group_and_holds_writers_back(ws: Any, monkeypatch
     # Each queued commit holds descriptors: the queue must stay bounded (SPEC §1).
     import trio
 
-    from rwfs import workspace
+    from rwfs.core import workspace
 
     monkeypatch.setattr(workspace, "QUEUE_URGENT", 2)
     monkeypatch.setattr(workspace, "QUEUE_MAX", 3)
@@ -602,7 +602,7 @@ def test_the_committer_leaves_a_conflicted_stage_open_until_it_is_settled(
     # that closed it gave readers EBADF (or, with the number reused, another file).
     import trio
 
-    from rwfs.workspace import Commit, RwfsError
+    from rwfs.core.workspace import Commit, RwfsError
 
     (ws.tree / "f").write_bytes(b"old")
     in_thread: dict[str, Any] = {}
@@ -699,7 +699,8 @@ def test_a_small_rewrite_is_gated_on_the_loop_only_when_its_parse_is_kept(
     worker thread; one whose parse is not kept, or a larger file, goes to a thread."""
     import trio
 
-    from rwfs import gates, parsers, workspace
+    from rwfs.checks import gates, parsers
+    from rwfs.core import workspace
 
     hops: list[str] = []
     real = trio.to_thread.run_sync

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import Mount, check_clean, prepare_state
 
+from rwfs.journal.store import Store
 from rwfs.policy import DEFAULT_TEXT
-from rwfs.store import Store
 
 # Every kind of entry, and how to make one at a path (in the raw tree or through the
 # mount). A device node with no driver (c 0 0) fails an open with ENXIO, as a socket

@@ -241,7 +241,7 @@ def test_past_the_window_a_write_is_judged_against_what_the_truncation_left(
 ) -> None:
     """The window is RECREATE_S, the one of a save by re-creation (decided: a write that
     long after the truncation is a write of the file as it is)."""
-    from rwfs.files import RECREATE_S
+    from rwfs.core.files import RECREATE_S
 
     (mount.path / "cut.txt").write_text(CUT)
     f = mount.path / "decoder.py"

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import trio
 
-from rwfs.batches import Batches
-from rwfs.files import Files
-from rwfs.inodes import Inode, InodeTable
+from rwfs.core.batches import Batches
+from rwfs.core.files import Files
+from rwfs.core.inodes import Inode, InodeTable
+from rwfs.core.workspace import RwfsError, Workspace
+from rwfs.journal.store import Store
 from rwfs.policy import Policy
-from rwfs.store import Store
-from rwfs.workspace import RwfsError, Workspace
 
 WHO = {"pid": 4242, "comm": "test", "uid": os.getuid()}
 
@@ -531,7 +531,7 @@ async def during_its_commit_point(core: Core, inode: Any, op: Any, *args: Any) -
     """Close ``inode`` and, while its commit point is under way (sealed, waiting for a
     worker thread to hash it: every slot is taken here, as a collection, a group commit
     and other seals can take them), run ``op(*args)``; then let the threads go."""
-    from rwfs import workspace
+    from rwfs.core import workspace
 
     limiter = workspace._LIMIT
     holders = [object() for _ in range(int(limiter.total_tokens))]

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from conftest import RWFS, Mount, rwfs_mounted
 
-from rwfs import fsck as fsck_module
-from rwfs.store import Store
+from rwfs.features import fsck as fsck_module
+from rwfs.journal.store import Store
 
 
 def rwfs(*args: str) -> subprocess.CompletedProcess[str]:

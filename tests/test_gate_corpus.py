@@ -2,7 +2,7 @@
 way model output breaks are refused, legitimate edits pass (issue 15's targets: at least
 95% of each kind of failure refused, at most 1% of each kind of legitimate edit).
 
-In-process: ``rwfs.gates.check`` on bytes, a fixed seed and a bounded sample of the files
+In-process: ``rwfs.checks.gates.check`` on bytes, a fixed seed and a bounded sample of the files
 this machine has. Sources that are absent are left out; the standard library is always
 there, so the test never skips.
 """
@@ -23,7 +23,7 @@ from gate_corpus import (
     table,
 )
 
-from rwfs import gates
+from rwfs.checks import gates
 
 SEED, PER_GROUP = 15, 20
 FAILURES = {

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import Mount, check_clean, prepare_state
 
-from rwfs import gates
+from rwfs.checks import gates
 from rwfs.policy import DEFAULT_TEXT
 
 REAL = inspect.getsource(json.decoder)  # a real module of a few hundred lines
@@ -551,7 +551,7 @@ def test_a_file_read_is_parsed_ahead_of_its_edit(mount: Mount, real: Path) -> No
 
 def gated(name: str, old: str, new: str) -> list[str]:
     """The gates that refuse ``new`` over ``old`` at ``name`` (the default policy)."""
-    from rwfs import gates
+    from rwfs.checks import gates
     from rwfs.policy import Policy
 
     found = gates.check(name.encode(), old.encode(), new.encode(), Policy().gate)
@@ -1093,7 +1093,7 @@ def test_the_last_definition_assigned_or_a_block_deleted_is_no_cut() -> None:
 
 
 def test_an_emptied_file_is_refused_and_says_so() -> None:
-    from rwfs import gates
+    from rwfs.checks import gates
     from rwfs.policy import Policy
 
     old = _module(3).encode()

@@ -386,8 +386,8 @@ def test_a_journal_from_before_the_history_index_is_indexed_at_the_mount(
 ) -> None:
     """A store an older rwfs wrote has events and no history index: the first mount
     indexes them (saying so in its log) and history/ lists what it listed before."""
-    from rwfs import timelines
-    from rwfs.store import Store, u64
+    from rwfs.journal import timelines
+    from rwfs.journal.store import Store, u64
 
     m = Mount(workspace).start()
     try:

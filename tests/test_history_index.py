@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from rwfs import timelines
-from rwfs.history import History
-from rwfs.objects import EMPTY_DIGEST
-from rwfs.store import Store, u64
+from rwfs.features.history import History
+from rwfs.journal import timelines
+from rwfs.journal.objects import EMPTY_DIGEST
+from rwfs.journal.store import Store, u64
 
 OLD, V1, V2, V3, OTHER = (f"sha256:{c * 64}" for c in "abcde")
 
@@ -181,7 +181,7 @@ def undo_of(store: Store, batch: str) -> dict[bytes, tuple[str | None, str | Non
     """What undoing ``batch`` would do: path -> (bytes now, bytes after the undo)."""
     from types import SimpleNamespace
 
-    from rwfs.batches import Batches
+    from rwfs.core.batches import Batches
 
     return Batches(SimpleNamespace(store=store)).changes_of(batch)  # type: ignore[arg-type]
 
@@ -341,7 +341,7 @@ def test_a_paths_mode_at_a_point_is_what_the_whole_journal_says(tmp_path: Path, 
     exchanges."""
     import random
 
-    from rwfs.changes import modes_at
+    from rwfs.core.changes import modes_at
 
     rnd = random.Random(seed)
     names = ["a", "b", "d/a", "d/b", "e/a", "t1", "d", "e"]

@@ -28,9 +28,9 @@ import pytest
 import trio
 from conftest import RWFS, Mount, check_clean, prepare_state, rwfs_mounted, submit_new
 
+from rwfs.core.workspace import Commit, RwfsError
+from rwfs.journal.store import JournalUnavailable
 from rwfs.policy import DEFAULT_TEXT
-from rwfs.store import JournalUnavailable
-from rwfs.workspace import Commit, RwfsError
 
 # Groups form only when asked (a sync, an fsync, a strict close): a test knows which
 # commits a failing group holds.
@@ -367,7 +367,7 @@ def test_a_group_whose_records_waited_is_retried_when_the_next_receipts_fail(
     """fsync after fsync: the first group's records wait to go in the second group's
     receipts transaction, which fails. The second writer gets EIO with nothing written;
     the first group, applied and answered, is kept and only its records are retried."""
-    from rwfs import workspace
+    from rwfs.core import workspace
 
     monkeypatch.setattr(workspace, "RECORD_WAIT", 3600.0)
     w = ws
@@ -403,3 +403,4 @@ def test_a_group_whose_records_waited_is_retried_when_the_next_receipts_fail(
     writes = [(e["path"], e["intended"]) for e in w.store.events() if e["op"] == "write"]
     assert writes == [("f0", sha(b"new 0"))]
     assert len(os.listdir(w.tree / ".rw" / "intents")) == 1
+

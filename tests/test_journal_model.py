@@ -17,8 +17,8 @@ from typing import Any
 
 from conftest import Mount, check_clean, prepare_state
 
-from rwfs.store import Store
-from rwfs.workspace import record_event
+from rwfs.core.workspace import record_event
+from rwfs.journal.store import Store
 
 
 def sha(data: bytes) -> str:

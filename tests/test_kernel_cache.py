@@ -1,4 +1,4 @@
-"""The kernel keeps directory listings (FOPEN_CACHE_DIR, set through rwfs._fuseopen): every
+"""The kernel keeps directory listings (FOPEN_CACHE_DIR, set through rwfs.fuse._fuseopen): every
 listing must still follow each change, whether it came through the mount or rwfs made it
 itself (a batch's abort, a restore, an undo) or, beside a separate mount point, someone
 changed the workspace directly. Each check lists a directory first, so that the kernel

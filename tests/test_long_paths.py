@@ -20,7 +20,7 @@ from typing import Any
 
 from conftest import RWFS, Mount, check_clean
 
-from rwfs.store import Store
+from rwfs.journal.store import Store
 
 # Three 200-byte names: a path of about 600 bytes, past LMDB's 511-byte keys.
 MID = [b"a" * 200, b"\xff\xfe" + b"b" * 198, b"line\nbreak" + b"c" * 190]
@@ -250,7 +250,7 @@ def test_the_intent_log_keeps_long_records_whole(tmp_path: Path, monkeypatch: An
     """A record of two 4,095-byte paths of non-UTF-8 bytes is one ASCII line of ~50 KB; a
     short write() (a nearly full disk) must not tear it, and a failed append must not
     spoil the next record."""
-    import rwfs.intents as intents
+    import rwfs.journal.intents as intents
 
     state_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     log = intents.IntentLog(state_fd)

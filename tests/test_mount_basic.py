@@ -142,7 +142,7 @@ def test_rename_onto_a_journaled_path_is_a_commit_of_that_path(workspace: Path) 
     finally:
         m.stop()
     check_clean(m)
-    from rwfs.store import Store
+    from rwfs.journal.store import Store
 
     store = Store(str(workspace / ".rw" / "journal"))
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import RWFS, Mount, check_clean
 
-from rwfs.objects import EMPTY_DIGEST
+from rwfs.journal.objects import EMPTY_DIGEST
 
 ALICE, BOB = "rwfs-alice", "rwfs-bob"
 # Markers only alice's private files hold (and her refused draft): bob must see none.
@@ -240,8 +240,8 @@ def test_bob_reads_nothing_of_alices_private_files_through_rw(
 
 def test_history_keeps_each_versions_owner_and_mode(tmp_path: Path) -> None:
     """In-process: the owner and mode of each version, from the journal (history.py)."""
-    from rwfs.history import History
-    from rwfs.store import Store
+    from rwfs.features.history import History
+    from rwfs.journal.store import Store
 
     v1, v2, v3 = (f"sha256:{c * 64}" for c in "abc")
     store = Store(str(tmp_path / "journal"))
@@ -280,7 +280,7 @@ def test_history_keeps_each_versions_owner_and_mode(tmp_path: Path) -> None:
         )  # (the empty start of a new file is not listed)
         assert h.meta(b"b") == ((9, 9), 0o640) and h.meta(b"a") == ((9, 9), 0o644)
         # A file rwfs first saw already there: its mode is known, its owner is not (the
-        # live file's, or the workspace owner's: control.py).
+        # live file's, or the workspace owner's: control/tree.py).
         assert [(v.owner, v.mode) for v in h.versions(b"old")] == [(None, 0o444)] * 2
         assert [(v.owner, v.mode) for v in h.versions(b"y")] == [((5, 5), 0o600)]
         assert [(v.owner, v.mode) for v in h.timeline(b"x")] == [((5, 5), 0o600)] * 2

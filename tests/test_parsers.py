@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rwfs import parsers
+from rwfs.checks import parsers
 
 
 @pytest.fixture

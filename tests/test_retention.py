@@ -303,10 +303,10 @@ def test_a_plan_gives_back_what_became_needed_after_it(tmp_path: Path) -> None:
     """In-process: the daemon plans a collection without the commit lock, from the journal
     at an LSN; what an event after it names (a write back to bytes the plan dropped) and
     what a commit not yet recorded names stay (gc.confirm)."""
-    from rwfs import gc
-    from rwfs.history import History
+    from rwfs.features import gc
+    from rwfs.features.history import History
+    from rwfs.journal.store import Store
     from rwfs.policy import Policy
-    from rwfs.store import Store
 
     v = [f"sha256:{c * 64}" for c in "abcdef"]
     s = Store(str(tmp_path / "journal"))

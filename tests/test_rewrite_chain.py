@@ -141,7 +141,7 @@ def test_a_batch_opened_while_a_version_is_queued_takes_it_as_its_base(workspace
 
 def test_recovery_reads_chains_of_receipts_in_one_pass() -> None:
     # In-process: the chains recovery finds among unsettled receipts (recovery._chains).
-    from rwfs.recovery import _chains
+    from rwfs.core.recovery import _chains
 
     def r(n: int, path: str, expected: str, intended: str) -> dict:
         return {"id": n, "path": path, "expected": expected, "intended": intended}

@@ -161,7 +161,7 @@ def test_scratch_files_and_chunk_parts_are_their_writers_alone(shared: Mount) ->
 
 def test_the_rights_are_the_trees_owners_and_modes(tmp_path: Path) -> None:
     """rights.py in process: the questions the kernel would ask, from owners and modes."""
-    from rwfs import rights
+    from rwfs.core import rights
 
     root = tmp_path / "tree"
     (root / "open").mkdir(parents=True)

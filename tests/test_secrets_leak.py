@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import RWFS, Mount, check_clean, prepare_state, rwfs_mounted
 
-from rwfs import gates
+from rwfs.checks import gates
 from rwfs.policy import DEFAULT_TEXT
 
 # Letters outside a-f where it matters, so that no piece of a value is also a piece of a
@@ -212,7 +212,7 @@ def test_rwfs_run_summary_names_no_secret(tmp_path: Path) -> None:
 def test_old_events_are_redacted_when_read(tmp_path: Path) -> None:
     """An event written before this rule kept the first 16 characters of each match:
     every reader of the journal drops them."""
-    from rwfs.store import Store
+    from rwfs.journal.store import Store
 
     ws = tmp_path / "ws"
     ws.mkdir()

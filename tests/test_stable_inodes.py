@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import Mount, check_clean
 
-from rwfs.inodes import CONTROL, HIGH, LIMIT, InodeTable
+from rwfs.core.inodes import CONTROL, HIGH, LIMIT, InodeTable
 
 
 def _tree(ws: Path, n: int) -> list[str]:

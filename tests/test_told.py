@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import Mount, check_clean
 
-from rwfs import notice
+from rwfs.fuse import notice
 
 REAL = inspect.getsource(json.decoder)  # a real module of a few hundred lines
 CUT = "".join(REAL.splitlines(keepends=True)[:40])  # its first 40 lines: a truncation

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from rwfs.ctlnodes import split_verbs
+from rwfs.control.nodes import split_verbs
 
 
 def test_blanks_separate_words_and_newlines_verbs() -> None:

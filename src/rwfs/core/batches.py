@@ -30,12 +30,13 @@ from typing import Any
 
 import trio
 
-from . import beneath, faults, rights
-from .allowances import WAIVES, Allowance, allow_hint, waivable, waive, writer_uid
+from .. import beneath, faults
+from ..checks.allowances import WAIVES, Allowance, allow_hint, waivable, waive, writer_uid
+from ..checks.gates import Finding
+from ..journal.objects import open_regular
+from ..journal.store import now_iso, plain_name
+from . import rights
 from .changes import changes_in
-from .gates import Finding
-from .objects import open_regular
-from .store import now_iso, plain_name
 from .workspace import (
     _LIMIT,
     Commit,

@@ -27,10 +27,20 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import beneath, chunks, conflicts, gates, gc, handoff, parsers, rights, scratch
-from .allowances import ALLOW_S, PER_USER, WAIVES, Allowance
-from .changes import modes_at
-from .ctlnodes import (
+from .. import beneath
+from ..checks import gates, parsers
+from ..checks.allowances import ALLOW_S, PER_USER, WAIVES, Allowance
+from ..core import rights
+from ..core.changes import modes_at
+from ..core.workspace import RwfsError, Workspace, escaped, journal_unavailable
+from ..features import conflicts, gc
+from ..features.history import History, Version
+from ..features.sessions import Sessions
+from ..journal.objects import open_regular
+from ..journal.store import JournalUnavailable, now_iso, plain_name
+from ..policy import Policy, PolicyError
+from . import chunks, handoff, scratch
+from .nodes import (
     CDir,
     CFile,
     CNode,
@@ -41,15 +51,9 @@ from .ctlnodes import (
     verb_error,
     verb_file,
 )
-from .history import History, Version
-from .objects import open_regular
-from .policy import Policy, PolicyError
-from .sessions import Sessions
-from .store import JournalUnavailable, now_iso, plain_name
-from .workspace import RwfsError, Workspace, escaped, journal_unavailable
 
 if TYPE_CHECKING:
-    from .batches import Batches
+    from ..core.batches import Batches
 
 log = logging.getLogger("rwfs.control")
 
@@ -93,7 +97,7 @@ class Control:
         self.add(
             self.root,
             b"README",
-            lambda: resources.files("rwfs").joinpath("README.rw.md").read_bytes(),
+            lambda: resources.files("rwfs.control").joinpath("README.rw.md").read_bytes(),
         )
         for name, render in (
             (b"status", lambda: _json(self.status())),

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from ..journal.store import Store
 from .mount import (
     QuietError,
     attempt,
@@ -38,7 +39,6 @@ from .mount import (
     umount,
     write_verb,
 )
-from .store import Store
 
 PR_SET_CHILD_SUBREAPER = 36
 # How long to wait for another mount's .rw/status when looking for a workspace's mount.
@@ -227,7 +227,7 @@ def summarize(mount: str, name: str, since: int, status: int, batch: str | None)
     """What session ``name`` did: its changes in the journal (``changes_in``), and those
     an open batch still holds (its own ``batch``, or another open batch its writes
     joined: ``held_elsewhere``), its refusals with their own reasons, its conflicts."""
-    from .changes import changes_in
+    from ..core.changes import changes_in
 
     every = session_events(mount, since)
     changes = {os.fsdecode(p): c for p, c in changes_in(every, name, "session").items()}
@@ -528,7 +528,7 @@ def parse_run(args: list[str]) -> Any:
     if not a.command:
         _usage("COMMAND is missing")
     if a.batch is not None:
-        from .store import plain_name
+        from ..journal.store import plain_name
 
         if plain_name(os.fsencode(a.batch)) is None or a.batch.startswith("auto-"):
             _usage(f"{a.batch!r} is not a batch name: use 1 to 64 letters, digits, dots, "

@@ -24,15 +24,14 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from . import beneath, kernelflags, notice, parsers
-from .batches import Batches
-from .control import Control
-from .ctlnodes import CDir, CFile, CNode
-from .files import Files
-from .inodes import ROOT, Inode, InodeTable
-from .objects import EMPTY_DIGEST
-from .store import JournalUnavailable
-from .workspace import (
+from .. import beneath
+from ..checks import parsers
+from ..control.nodes import CDir, CFile, CNode
+from ..control.tree import Control
+from ..core.batches import Batches
+from ..core.files import Files
+from ..core.inodes import ROOT, Inode, InodeTable
+from ..core.workspace import (
     Commit,
     RwfsError,
     Stage,
@@ -45,6 +44,9 @@ from .workspace import (
     rel,
     too_large,
 )
+from ..journal.objects import EMPTY_DIGEST
+from ..journal.store import JournalUnavailable
+from . import kernelflags, notice
 
 log = logging.getLogger("rwfs.fs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])

@@ -49,8 +49,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from .store import Store
-from .timelines import Meta, Rows, Version
+from ..journal.store import Store
+from ..journal.timelines import Meta, Rows, Version
 
 __all__ = ["History", "Version"]
 

@@ -53,14 +53,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import beneath
+from .. import beneath
+from ..journal.objects import ObjectStore
+from ..journal.store import JournalUnavailable, Store
+from ..policy import Policy
 from .history import History
-from .objects import ObjectStore
-from .policy import Policy
-from .store import JournalUnavailable, Store
 
 if TYPE_CHECKING:
-    from .control import Control
+    from ..control.tree import Control
 
 log = logging.getLogger("rwfs.gc")
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import trio
 
-from . import rights
-from .objects import open_regular
-from .workspace import _LIMIT, Commit, RwfsError, Workspace, conflict_error
+from ..core import rights
+from ..core.workspace import _LIMIT, Commit, RwfsError, Workspace, conflict_error
+from ..journal.objects import open_regular
 
 VERBS = ("keep-actual", "take-intended", "resolved")
 

@@ -19,15 +19,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import faults, kernelflags
+from .. import faults
+from ..fuse import kernelflags
 
 # The daemon's modules (pyfuse3, trio, the core) are imported where the daemon starts
 # (``serve``): every other verb of the command line needs none of them, and they take
 # most of its start-up time.
 if TYPE_CHECKING:
-    from .fs import Operations
-    from .policy import Policy
-    from .workspace import Workspace
+    from ..core.workspace import Workspace
+    from ..fuse.fs import Operations
+    from ..policy import Policy
 
 log = logging.getLogger("rwfs")
 
@@ -100,8 +101,8 @@ def open_state(workspace_fd: int, create: bool) -> int:
                 "this directory has no rwfs state (.rw): it was never mounted"
             ) from None
         # (imported here: the verbs that only open a workspace's state need neither)
-        from .control import write_state_file
-        from .policy import DEFAULT_TEXT
+        from ..control.tree import write_state_file
+        from ..policy import DEFAULT_TEXT
 
         os.mkdir(b".rw", 0o700, dir_fd=workspace_fd)
         fd = os.open(b".rw", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=workspace_fd)
@@ -140,7 +141,7 @@ def _leave(mountpoint: str) -> None:
 
 
 def load_policy(state_fd: int) -> Policy:
-    from .policy import Policy, PolicyError
+    from ..policy import Policy, PolicyError
 
     try:
         fd = os.open(b"policy.toml", os.O_RDONLY, dir_fd=state_fd)
@@ -165,11 +166,11 @@ def serve(
     import pyfuse3
     import trio
 
-    from .batches import Batches
-    from .fs import Operations
-    from .recovery import recover
-    from .store import JournalUnavailable, Store
-    from .workspace import Workspace
+    from ..core.batches import Batches
+    from ..core.recovery import recover
+    from ..core.workspace import Workspace
+    from ..fuse.fs import Operations
+    from ..journal.store import JournalUnavailable, Store
 
     try:
         faults.arm()
@@ -213,7 +214,7 @@ def serve(
     ws = Workspace(root_fd, state_fd, store, policy)
     ws.mountpoint = mountpoint
     batches = Batches(ws)
-    from .progress import Progress
+    from ..progress import Progress
 
     bar = Progress()
     try:
@@ -593,8 +594,8 @@ def owed_commits(workspace: str, applied: int | None = None) -> int:
     unmounted workspace: the next mount finishes them). ``applied``: the journal's
     ``applied_gen``, from a caller that has the store open (LMDB must not be opened twice
     in one process)."""
-    from .intents import IntentLog
-    from .store import Store
+    from ..journal.intents import IntentLog
+    from ..journal.store import Store
 
     root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .store import now_iso
-from .workspace import _LIMIT, RwfsError
+from ..core.workspace import _LIMIT, RwfsError
+from ..journal.store import now_iso
 
 if TYPE_CHECKING:
-    from .control import Control
-    from .ctlnodes import CDir, CFile
+    from .nodes import CDir, CFile
+    from .tree import Control
 
 MAX_BYTES = 64 << 20
 _DB = b"scratch"

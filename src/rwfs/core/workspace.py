@@ -27,10 +27,11 @@ from typing import Any
 
 import trio
 
-from . import beneath, faults, gates, parsers
-from .allowances import Allowance, Allowances, allow_hint, waivable, waive, writer_uid
-from .intents import IntentLog
-from .objects import (
+from .. import beneath, faults
+from ..checks import gates, parsers
+from ..checks.allowances import Allowance, Allowances, allow_hint, waivable, waive, writer_uid
+from ..journal.intents import IntentLog
+from ..journal.objects import (
     EMPTY_DIGEST,
     ObjectStore,
     Reserve,
@@ -40,8 +41,8 @@ from .objects import (
     open_regular,
     unique_id,
 )
-from .policy import Policy
-from .store import JournalUnavailable, Store, now_iso
+from ..journal.store import JournalUnavailable, Store, now_iso
+from ..policy import Policy
 
 log = logging.getLogger("rwfs.commit")
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -114,11 +114,11 @@ from typing import Any, Protocol
 
 import trio
 
-from . import faults
-from .allowances import Allowance
+from .. import faults
+from ..checks.allowances import Allowance
+from ..journal.objects import EMPTY_DIGEST, copy_fd, open_regular
 from .batches import COMMITTING, Batches
 from .inodes import Inode, InodeTable
-from .objects import EMPTY_DIGEST, copy_fd, open_regular
 from .workspace import (
     _LIMIT,
     Commit,

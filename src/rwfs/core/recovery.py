@@ -23,12 +23,12 @@ from typing import Any
 
 import lmdb
 
-from . import beneath
+from .. import beneath
+from ..journal.intents import IntentLog
+from ..journal.objects import digest_fd
+from ..journal.store import JournalUnavailable, Txn, u64
 from .batches import Batches, is_explicit
 from .batches import recover as recover_batches
-from .intents import IntentLog
-from .objects import digest_fd
-from .store import JournalUnavailable, Txn, u64
 from .workspace import (
     Commit,
     Stage,

@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import beneath, rights
-from .ctlnodes import verb_file
-from .store import now_iso, plain_name
-from .workspace import _LIMIT, Commit, RwfsError, conflict_error
+from .. import beneath
+from ..core import rights
+from ..core.workspace import _LIMIT, Commit, RwfsError, conflict_error
+from ..journal.store import now_iso, plain_name
+from .nodes import verb_file
 
 if TYPE_CHECKING:
-    from .control import Control
-    from .ctlnodes import CDir, CFile, Verb
+    from .nodes import CDir, CFile, Verb
+    from .tree import Control
 
 _DB = b"chunks"
 _PART = re.compile(rb"part-(\d{1,6})")

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 import yaml
 
-from .workspace import _LIMIT
+from ..core.workspace import _LIMIT
 
 if TYPE_CHECKING:
-    from .control import Control
-    from .ctlnodes import CDir
+    from .nodes import CDir
+    from .tree import Control
 
 _DB = b"handoffs"
 EMPTY = (

@@ -16,7 +16,7 @@ import os
 import stat
 from typing import Any
 
-from . import beneath
+from .. import beneath
 from .workspace import RwfsError, escaped
 
 

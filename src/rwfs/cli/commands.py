@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import kernelflags  # before pyfuse3 is imported: see kernelflags
+from ..fuse import kernelflags  # before pyfuse3 is imported: see kernelflags
 from .mount import (
     UMOUNT_WAIT,
     QuietError,
@@ -100,7 +100,7 @@ def cmd_umount(a: argparse.Namespace) -> int:
 def cmd_status(a: argparse.Namespace) -> int:
     root, state, status = _locate(a)
     if status is None:
-        from .store import Store
+        from ..journal.store import Store
 
         store = Store(os.path.join(state, "journal"))
         try:
@@ -170,7 +170,7 @@ def cmd_log(a: argparse.Namespace) -> int:
     import collections
     import time
 
-    from .store import Store
+    from ..journal.store import Store
 
     ws, mount = _workspace(a)
     root, state, _ = locate(mount or ws)
@@ -262,7 +262,7 @@ def _short(d: Any) -> str:
 
 
 def cmd_fsck(a: argparse.Namespace) -> int:
-    from .fsck import main_fsck
+    from ..features.fsck import main_fsck
 
     root, state, _ = _locate(a)
     return main_fsck(root, state, sample=a.sample, changed=a.changed)
@@ -386,7 +386,7 @@ def _read(path: str) -> str:
 
 
 def cmd_batch(a: argparse.Namespace) -> int:
-    from .store import plain_name
+    from ..journal.store import plain_name
 
     if a.name is None and a.action != "status":
         raise QuietError(f"rwfs batch {a.action} needs a batch name: rwfs batch {a.action} NAME", 2)
@@ -486,7 +486,7 @@ def cmd_undo(a: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(a: argparse.Namespace) -> int:
-    from .store import plain_name
+    from ..journal.store import plain_name
 
     if a.name is not None and plain_name(os.fsencode(a.name)) is None:
         raise QuietError(
@@ -497,7 +497,7 @@ def cmd_snapshot(a: argparse.Namespace) -> int:
     mount = _mount_of(a.directory or ".")
     top = _control(mount, "snapshots")
     if a.name is None:
-        from .store import Store
+        from ..journal.store import Store
 
         _, state, _ = locate(mount)
         if os.access(state, os.R_OK | os.X_OK):  # one read of the journal's records
@@ -575,7 +575,7 @@ def _in_workspace(p: str, tops: list[str]) -> str:
 
 
 def cmd_allow(a: argparse.Namespace) -> int:
-    from .allowances import ALLOW_S, WAIVES
+    from ..checks.allowances import ALLOW_S, WAIVES
 
     # The workspace: -C DIR's, else the current directory's, else the first PATH's (the
     # absolute path a refusal names works from anywhere).
@@ -621,10 +621,10 @@ def cmd_allow(a: argparse.Namespace) -> int:
 
 
 def cmd_gc(a: argparse.Namespace) -> int:
-    from .fsck import policy_of
-    from .gc import collect
-    from .objects import ObjectStore
-    from .store import Store
+    from ..features.fsck import policy_of
+    from ..features.gc import collect
+    from ..journal.objects import ObjectStore
+    from ..journal.store import Store
 
     ws, mount_point = _workspace(a)
     if mount_point is not None:
@@ -634,7 +634,7 @@ def cmd_gc(a: argparse.Namespace) -> int:
             done = [json.loads(line) for line in f if '"op": "gc"' in line][-1]
     else:
         root, state, _ = locate(ws)
-        from .progress import Progress
+        from ..progress import Progress
 
         bar = Progress()
         store = Store(os.path.join(state, "journal"))
@@ -684,7 +684,7 @@ def cmd_doctor(a: argparse.Namespace) -> int:
         pass
     if not kernelflags.ACTIVE:
         print(
-            "note: rwfs's C extension (rwfs._fuseopen) is not loaded: the kernel will not keep"
+            "note: rwfs's C extension (rwfs.fuse._fuseopen) is not loaded: the kernel will not keep"
             " directory listings, so find, ls and git status are slower (reinstall rwfs with"
             " gcc and libfuse3-dev present)"
         )
@@ -986,7 +986,3 @@ def main(args: list[str] | None = None) -> int:
                 umount(_TEMPORARY.pop())
             except QuietError as exc:
                 print(f"rwfs: {exc}", file=sys.stderr)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from . import beneath
+from .. import beneath
 
 EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
 _CHUNK = 1 << 20

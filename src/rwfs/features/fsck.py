@@ -37,10 +37,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import beneath
-from .objects import ObjectStore, digest_fd, open_regular
-from .policy import Policy, PolicyError
-from .store import JournalUnavailable, Store
+from .. import beneath
+from ..journal.objects import ObjectStore, digest_fd, open_regular
+from ..journal.store import JournalUnavailable, Store
+from ..policy import Policy, PolicyError
 
 # The journal's LSN at the start of the last completed full or ``--changed`` run.
 FSCK_LSN = b"fsck:lsn"
@@ -233,7 +233,7 @@ def _journaled(policy: Policy, path: bytes, st: os.stat_result) -> bool:
 
 
 def main_fsck(root: str, state: str, sample: int | None = None, changed: bool = False) -> int:
-    from .progress import Progress
+    from ..progress import Progress
 
     bar = Progress()
     try:

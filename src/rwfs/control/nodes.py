@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .workspace import RwfsError
+from ..core.workspace import RwfsError
 
 
 @dataclass(eq=False)

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from .objects import EMPTY_DIGEST
+from ..journal.objects import EMPTY_DIGEST
 
 
 def changes_in(

@@ -1,0 +1,2 @@
+"""The ``rwfs`` command: its verbs (``commands``), ``rwfs run`` (``run``) and mounting
+(``mount``)."""
