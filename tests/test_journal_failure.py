@@ -404,3 +404,41 @@ def test_a_group_whose_records_waited_is_retried_when_the_next_receipts_fail(
     assert writes == [("f0", sha(b"new 0"))]
     assert len(os.listdir(w.tree / ".rw" / "intents")) == 1
 
+
+def test_an_unmount_flushes_what_came_during_a_slow_group(ws: Any, monkeypatch: Any) -> None:
+    """``close``'s wait bounds its retries of a failing journal, never a healthy flush: a
+    commit queued while the last group was under way (a request still being answered,
+    on a loaded machine where a group takes longer than the wait) is flushed too, not
+    left to the next mount's recovery with the tree ahead of the journal."""
+    w = ws
+    for i in range(2):
+        (w.tree / f"f{i}").write_bytes(b"old")
+    real_write = w.store.write
+
+    def slow_write(fn: Any, *args: Any, **kw: Any) -> Any:
+        time.sleep(0.3)  # (in the committer's worker thread)
+        return real_write(fn, *args, **kw)
+
+    commits: list[Any] = []
+
+    async def late() -> None:
+        await trio.sleep(0.1)  # while the first group is being written
+        commits.append(await submit_new(w, 1, False))
+
+    async def main() -> None:
+        w.open_intents()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run_committer)
+            commits.append(await submit_new(w, 0, False))  # acknowledged, queued
+            monkeypatch.setattr(w.store, "write", slow_write)
+            nursery.start_soon(late)
+            assert await w.close(wait=0.05) == 0
+            assert len(commits) == 2 and all(c.done.is_set() for c in commits)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    writes = sorted((e["path"], e["intended"]) for e in w.store.events() if e["op"] == "write")
+    assert writes == [("f0", sha(b"new 0")), ("f1", sha(b"new 1"))]
+    assert w.store.unsettled() == []
+    logs = w.tree / ".rw" / "intents"
+    assert [n.name for n in logs.iterdir() if n.stat().st_size] == []

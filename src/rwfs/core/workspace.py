@@ -1209,12 +1209,21 @@ class Workspace:
         log keeps them, and the next mount finishes them)."""
         self._closing = True
         self._has_work.set()
-        with trio.move_on_after(wait):
-            while True:
+        deadline = trio.current_time() + wait
+        while True:
+            # The deadline bounds the retries of a failing journal, never a flush: what a
+            # request still answering queued during a slow group (a loaded machine) is
+            # flushed too, or the tree stays ahead of the journal until the next mount.
+            with trio.CancelScope(shield=True):
                 await self.flush()
-                if self.journal.ok and not self._queue and not self._retry:
+            if self.journal.ok and not self._retry:
+                if not self._queue:
                     break
-                await trio.sleep(self.journal.retry_in)
+                continue
+            left_s = deadline - trio.current_time()
+            if left_s <= 0:
+                break
+            await trio.sleep(min(self.journal.retry_in, left_s))
         if self.intents is not None and self.journal.ok and not self._queue and not self._retry:
             # What the last group left in the log is only what was cancelled since: a
             # clean unmount leaves nothing for the next mount (or fsck) to recover. Rotated
