@@ -11,7 +11,7 @@ States of an inode's stage (``Inode.stage``, ``Inode.pending``; ``inodes.py``):
 - **sealed**: a commit point (``commit``: flush, fsync, the last release, a truncate(2)
   of a closed file, a ``link``) set ``stage.sealed`` before its first await; the digest
   and the gates run. A write meanwhile waits on ``inode.lock`` for a new stage. From
-  sealed, one of:
+  sealed, one of, as ``decision.decide`` answers from the facts ``_sealed`` gathers:
 
   - **no-op**: the bytes are the base again: the stage is dropped, a ``noop`` recorded.
   - **refused**: a gate rejects, or a stale write under ``stale_write = "conflict"``: the
@@ -67,8 +67,8 @@ Concurrency (trio: tasks interleave only at ``await``):
 - ``inode.lock`` guards one inode's stage creation and sealing: ``ensure_stage`` and
   ``commit`` run under it, so a stage is never sealed twice nor replaced mid-seal.
   ``drop_virtual`` takes it too. Reads take no lock.
-- ``commit`` awaits the seal (hash, gates), the gates again, a refusal's record, a stale
-  read's digest, ``Batches.hold`` and ``Workspace.submit``. Across each, the inode may
+- ``commit`` awaits the seal (hash, gates), the gates again, a stale read's digest, a
+  refusal's record, ``Batches.hold`` and ``Workspace.submit``. Across each, the inode may
   lose its paths (checked after the seal: ``orphan_stage``), be renamed (gated again as
   what it is now), or its batch end (``held`` is read again); a handler of another inode
   or path runs meanwhile.
@@ -118,6 +118,7 @@ from .. import faults
 from ..checks.allowances import Allowance
 from ..journal.objects import EMPTY_DIGEST, copy_fd, open_regular
 from .batches import COMMITTING, Batches
+from .decision import Facts, Kind, decide
 from .inodes import Inode, InodeTable
 from .workspace import (
     _LIMIT,
@@ -1299,14 +1300,16 @@ class Files:
         # Duplicates: a commit this one waits on below (gates off the loop, a digest, a
         # batch's hold) may land and close these (or their numbers be reused).
         with borrowed(base_fd, judged) as (base_fd, judged):
-            if held is not None and intended in (held.intended, stage.expected):
-                # The batch's draft again, or the batch's base again (no change left).
+            drafted = held.intended if held is not None else None
+            kind = decide(Facts(intended, stage.expected, drafted)).kind
+            if kind in (Kind.DRAFT_AGAIN, Kind.BASE_AGAIN):
+                assert held is not None
                 self.ws.drop_stage(stage)
                 inode.stage = held.stage
-                if intended == stage.expected:
+                if kind is Kind.BASE_AGAIN:
                     await self.batches.unhold(self.batches.all[str(held.batch)], path)
                 return
-            if intended == stage.expected:
+            if kind is Kind.NOOP:
                 self.ws.drop_stage(stage)
                 inode.stage = self.beneath(inode)
                 # A write all the same: mtime moves where it shows (atime does not: no read).
@@ -1344,7 +1347,21 @@ class Files:
                 allowance_record: dict[str, Any] | None = held.info["allowed"]
             else:
                 allowance_record = allowance.record() if allowance is not None else None
-            if any(f.action == "reject" for f in findings):
+            stale, read_fd = self._stale_read(inode, ctx_info), -1
+            if stale is None:
+                stale, read_fd = await self._replaced_read(inode, path, ctx_info, shown)
+            # A file an open batch holds stays in it, whoever writes it (every writer
+            # built on the draft); otherwise the batch whose scope the writer is in.
+            batch = self.batches.all.get(str(held.batch)) if held else None
+            if batch is None and inode.virtual:  # made again where the batch deletes a file
+                batch = self.batches.holding(path)
+            batch = batch or self.batches.for_writer(ctx_info)
+            rejected = any(f.action == "reject" for f in findings)
+            policy = self.ws.policy.stale_write
+            decision = decide(
+                Facts(intended, stage.expected, drafted, rejected, stale, policy, batch is not None)
+            )
+            if decision.kind is Kind.REFUSE:
                 # Refused: the draft is kept, the stage goes, the file reads as before.
                 put_back = removed is not None and held is None
                 if put_back:
@@ -1371,30 +1388,27 @@ class Files:
                 ]
             if allowance_record is not None:
                 info["allowed"] = allowance_record
-            stale, read_fd = self._stale_read(inode, ctx_info), -1
-            if stale is None:
-                stale, read_fd = await self._replaced_read(inode, path, ctx_info, shown)
-            if stale is not None:
-                if self.ws.policy.stale_write == "conflict":
-                    with borrowed(read_fd) as (rfd,):  # eviction may close the original
-                        err = await self.ws.stale_conflict(
-                            path,
-                            stage,
-                            intended,
-                            stale or None,
-                            ctx_info,
-                            actual=(shown, base_fd),
-                            batch=held.batch if held is not None else None,
-                            read_fd=rfd,
-                        )
-                    await self._unstage(inode, held, stage)
-                    if allowance is not None:  # the write did not happen: the allowance stays
-                        self.ws.allowances.give_back(allowance)
-                    if wait:
-                        self.kernel.invalidate(inode)
-                    else:
-                        await self.kernel.invalidate_now(inode)
-                    raise err
+            if decision.kind is Kind.CONFLICT:
+                with borrowed(read_fd) as (rfd,):  # eviction may close the original
+                    err = await self.ws.stale_conflict(
+                        path,
+                        stage,
+                        intended,
+                        stale or None,
+                        ctx_info,
+                        actual=(shown, base_fd),
+                        batch=held.batch if held is not None else None,
+                        read_fd=rfd,
+                    )
+                await self._unstage(inode, held, stage)
+                if allowance is not None:  # the write did not happen: the allowance stays
+                    self.ws.allowances.give_back(allowance)
+                if wait:
+                    self.kernel.invalidate(inode)
+                else:
+                    await self.kernel.invalidate_now(inode)
+                raise err
+            if decision.stale_warning:
                 info.setdefault("warnings", []).append(
                     {
                         "gate": "stale_write",
@@ -1409,21 +1423,17 @@ class Files:
             if len(inode.paths) > 1:  # hard links: committed in place, every name journaled
                 commit.aliases = tuple(sorted(inode.paths - {path}))
             commit.linked = bool(commit.aliases) or _nlink(self.ws.root_fd, inode) > 1
-            # A file an open batch holds stays in it, whoever writes it (every writer
-            # built on the draft); otherwise the batch whose scope the writer is in.
-            batch = self.batches.all.get(str(held.batch)) if held else None
-            if batch is None and inode.virtual:  # made again where the batch deletes a file
-                batch = self.batches.holding(path)
-            batch = batch or self.batches.for_writer(ctx_info)
-            if batch is not None and held is None and inode.pending is not None:
-                # Built on a commit still queued (``ensure_stage``): a batch's base is the
-                # tree's bytes, so that one lands first.
-                await self.settle(inode)
-            if batch is not None and await self.batches.hold(batch, commit, wait):
-                inode.pending = commit
-                commit.shown = True
-                self.on_written(path, intended, commit)
-                return
+            if decision.kind is Kind.HOLD:
+                assert batch is not None
+                if held is None and inode.pending is not None:
+                    # Built on a commit still queued (``ensure_stage``): a batch's base is
+                    # the tree's bytes, so that one lands first.
+                    await self.settle(inode)
+                if await self.batches.hold(batch, commit, wait):  # (False: it closed)
+                    inode.pending = commit
+                    commit.shown = True
+                    self.on_written(path, intended, commit)
+                    return
             remembered = None
             if ((not stage.written and stage.cut_last) or intended == EMPTY_DIGEST) and (
                 not inode.virtual
