@@ -121,8 +121,10 @@ def install_wrappers() -> None:
 
     import rwfs.cli.mount  # noqa: F401
     import rwfs.core.batches  # noqa: F401  (every module that holds syncfs, imported first)
+    import rwfs.core.committer
+    import rwfs.core.landing
     import rwfs.core.recovery  # noqa: F401
-    import rwfs.core.workspace
+    import rwfs.core.syscalls
     import rwfs.fuse.fs
     import rwfs.journal.intents
     import rwfs.journal.store
@@ -206,7 +208,7 @@ def install_wrappers() -> None:
 
     for what in ("fsync", "fdatasync", "sync"):
         setattr(os, what, sync_wrap(getattr(os, what), what))
-    syncfs = sync_wrap(rwfs.core.workspace.syncfs, "syncfs")
+    syncfs = sync_wrap(rwfs.core.syscalls.syncfs, "syncfs")
     for mod in list(sys.modules.values()):
         if getattr(mod, "__name__", "").startswith("rwfs") and hasattr(mod, "syncfs"):
             mod.syncfs = syncfs  # type: ignore[attr-defined]
@@ -288,7 +290,7 @@ def install_wrappers() -> None:
     rwfs.journal.intents.IntentLog.rotate = intent_rotate  # type: ignore[method-assign]
 
     # The committer's groups (extra: how many commits and events each took).
-    attempt = rwfs.core.workspace.Workspace._attempt
+    attempt = rwfs.core.committer.Committer._attempt
 
     async def timed_attempt(self: Any, group: list[Any], gens: list[int], **kw: Any) -> bool:
         t = pc()
@@ -297,7 +299,7 @@ def install_wrappers() -> None:
         finally:
             C.add("group", pc() - t, len(group))
 
-    rwfs.core.workspace.Workspace._attempt = timed_attempt  # type: ignore[method-assign]
+    rwfs.core.committer.Committer._attempt = timed_attempt  # type: ignore[method-assign]
 
 
 def daemon_main(workspace: str, outdir: str, options: list[str]) -> int:

@@ -256,15 +256,17 @@ def ws(tmp_path: Path) -> Iterator[Workspace]:
 
 
 async def submit_new(ws: Any, i: int, wait: bool, owner: Any = None) -> Any:
-    """Commit ``new <i>`` over the file ``f<i>`` of the tree through ``ws.submit``."""
-    from rwfs.core.workspace import Commit
+    """Commit ``new <i>`` over the file ``f<i>`` of the tree through ``ws.committer.submit``."""
+    from rwfs.core.commits import Commit
 
     fd = os.open(ws.tree / f"f{i}", os.O_RDONLY)
     try:
-        stage = await ws.new_stage(fd, truncate=True)
+        stage = await ws.stages.new(fd, truncate=True)
     finally:
         os.close(fd)
     os.pwrite(stage.fd, b"new %d" % i, 0)
     stage.sealed = True
-    intended, size, _ = await ws.seal(stage)
-    return await ws.submit(Commit(b"f%d" % i, stage, intended, size, {}, owner=owner), wait)
+    intended, size, _ = await ws.stages.seal(stage)
+    return await ws.committer.submit(
+        Commit(b"f%d" % i, stage, intended, size, {}, owner=owner), wait
+    )

@@ -326,14 +326,14 @@ def test_let_through_is_the_writers_once_and_never_past_a_secret(ws: Any) -> Non
     a = Allowance(b"f", 5, 1, "t", "t", 1e18, by={"pid": 9, "comm": "agent", "uid": 5})
     ws.allowances.grant(a)
     cut, secret = Finding("truncation", "cut short"), Finding("secrets", "a key")
-    assert ws.let_through(b"f", {"uid": 6}, [cut]) == ([cut], None)  # another user's write
-    assert ws.let_through(b"f", {}, [cut]) == ([cut], None)  # rwfs's own
-    assert ws.let_through(b"f", {"uid": 5}, [cut, secret]) == ([cut, secret], None)
-    left, used = ws.let_through(b"f", {"uid": 5}, [cut])
+    assert ws.gating.let_through(b"f", {"uid": 6}, [cut]) == ([cut], None)  # another user's write
+    assert ws.gating.let_through(b"f", {}, [cut]) == ([cut], None)  # rwfs's own
+    assert ws.gating.let_through(b"f", {"uid": 5}, [cut, secret]) == ([cut, secret], None)
+    left, used = ws.gating.let_through(b"f", {"uid": 5}, [cut])
     assert left == [] and used is a
     record = a.record()
     assert record["comm"] == "agent" and record["lsn"] == 1
     assert record["waived"] == [{"gate": "truncation", "message": "cut short"}]
-    assert ws.let_through(b"f", {"uid": 5}, [cut]) == ([cut], None)  # once
+    assert ws.gating.let_through(b"f", {"uid": 5}, [cut]) == ([cut], None)  # once
     ws.allowances.give_back(a)  # the write failed after all
-    assert ws.let_through(b"f", {"uid": 5}, [cut])[1] is a
+    assert ws.gating.let_through(b"f", {"uid": 5}, [cut])[1] is a

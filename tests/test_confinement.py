@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import RWFS, Mount
 
-from rwfs.core.workspace import renameat2
+from rwfs.core.syscalls import renameat2
 
 RENAME_EXCHANGE = 2
 

@@ -201,7 +201,7 @@ def test_recovery_row4_unreadable_stays_pending_and_is_retried(ws: Any, monkeypa
     def unreadable(path: bytes) -> Any:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(ws, "live_digest", unreadable)
+    monkeypatch.setattr(ws.digests, "live", unreadable)
     assert recover(ws)["pending"] == 1
     assert state_of(ws, rid) == "prepared"
     assert (ws.tree / "f").read_bytes() == b"old"
@@ -224,7 +224,8 @@ def test_journal_unavailable_refuses_a_strict_write_with_nothing_changed(
 ) -> None:
     import trio
 
-    from rwfs.core.workspace import Commit, RwfsError
+    from rwfs.core.commits import Commit
+    from rwfs.core.errors import RwfsError
     from rwfs.journal.store import JournalUnavailable
 
     (ws.tree / "f").write_bytes(b"old")
@@ -236,19 +237,19 @@ def test_journal_unavailable_refuses_a_strict_write_with_nothing_changed(
     async def commit(data: bytes) -> Commit:
         fd = os.open(ws.tree / "f", os.O_RDONLY)
         try:
-            stage = await ws.new_stage(fd, truncate=True)
+            stage = await ws.stages.new(fd, truncate=True)
         finally:
             os.close(fd)
         os.pwrite(stage.fd, data, 0)
         stage.sealed = True
-        intended, size, _ = await ws.seal(stage)
-        c: Commit = await ws.submit(Commit(b"f", stage, intended, size, {}), wait=True)
+        intended, size, _ = await ws.stages.seal(stage)
+        c: Commit = await ws.committer.submit(Commit(b"f", stage, intended, size, {}), wait=True)
         return c
 
     async def main() -> None:
-        ws.open_intents()
+        ws.committer.open_intents()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(ws.run_committer)
+            nursery.start_soon(ws.committer.run)
             monkeypatch.setattr(ws.store, "write", broken)
             with pytest.raises(RwfsError) as err:
                 await commit(b"new")
@@ -261,7 +262,7 @@ def test_journal_unavailable_refuses_a_strict_write_with_nothing_changed(
             done = await commit(b"new")  # the journal is back: the write goes through
             assert done.outcome == "committed"
             assert (ws.tree / "f").read_bytes() == b"new"
-            await ws.close()
+            await ws.committer.close()
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -434,7 +435,7 @@ def test_another_tasks_flush_does_not_leave_the_committer_waiting_out_its_interv
     import trio
     import trio.testing
 
-    from rwfs.core.workspace import Commit
+    from rwfs.core.commits import Commit
 
     ws.policy.commit_interval_ms = 3_600_000  # only urgency can start a group
     for i in range(2):
@@ -444,17 +445,17 @@ def test_another_tasks_flush_does_not_leave_the_committer_waiting_out_its_interv
         return await submit_new(ws, i, wait)
 
     async def main() -> None:
-        ws.open_intents()
+        ws.committer.open_intents()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(ws.run_committer)
+            nursery.start_soon(ws.committer.run)
             await commit(0, wait=False)  # queued: the committer now waits for urgency
             await trio.testing.wait_all_tasks_blocked()
-            await ws.flush()  # another task's flush takes it
+            await ws.committer.flush()  # another task's flush takes it
             assert (ws.tree / "f0").read_bytes() == b"new 0"
             with trio.fail_after(60):  # (the interval is an hour)
                 c = await commit(1, wait=True)  # an fsync: urgent
             assert c.outcome == "committed" and (ws.tree / "f1").read_bytes() == b"new 1"
-            await ws.close()
+            await ws.committer.close()
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -468,9 +469,9 @@ def test_a_groups_records_go_in_the_next_groups_receipts_transaction(
     # group (here as long as it takes), and a sync writes them at once.
     import trio
 
-    from rwfs.core import workspace
+    from rwfs.core import committer
 
-    monkeypatch.setattr(workspace, "RECORD_WAIT", 3600.0)
+    monkeypatch.setattr(committer, "RECORD_WAIT", 3600.0)
     for i in range(6):
         (ws.tree / f"f{i}").write_bytes(b"old")
     transactions: list[str] = []
@@ -481,10 +482,10 @@ def test_a_groups_records_go_in_the_next_groups_receipts_transaction(
         return real_write(fn, *args)
 
     async def main() -> None:
-        ws.open_intents()
+        ws.committer.open_intents()
         monkeypatch.setattr(ws.store, "write", counted)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(ws.run_committer)
+            nursery.start_soon(ws.committer.run)
             commits = []
             for i in range(5):  # a writer's fsync (an owner: it waits until durable)
                 c = await submit_new(ws, i, True, owner=object())
@@ -492,22 +493,22 @@ def test_a_groups_records_go_in_the_next_groups_receipts_transaction(
                     c.outcome == "committed" and (ws.tree / f"f{i}").read_bytes() == b"new %d" % i
                 )
                 with trio.fail_after(60):  # the committer's thread is done with the group
-                    while ws._unrecorded is None:
+                    while ws.committer._unrecorded is None:
                         await trio.sleep(0.001)
                 # Durable and in the tree; its records wait for the next group.
                 assert not c.done.is_set()
                 assert all(p.done.is_set() for p in commits)
                 commits.append(c)
             assert transactions == ["prepare"] * 5
-            await ws.sync()  # the records of the last group, alone
-            assert commits[-1].done.is_set() and transactions[-1] == "_write_records"
+            await ws.committer.sync()  # the records of the last group, alone
+            assert commits[-1].done.is_set() and transactions[-1] == "write_records"
             await submit_new(ws, 5, False)  # a write without fsync: a group of its own
-            await ws.sync()
-            await ws.close()
+            await ws.committer.sync()
+            await ws.committer.close()
             nursery.cancel_scope.cancel()
 
     trio.run(main)
-    assert transactions == ["prepare"] * 5 + ["_write_records", "prepare", "_write_records"]
+    assert transactions == ["prepare"] * 5 + ["write_records", "prepare", "write_records"]
     writes = [e for e in ws.store.events() if e["op"] == "write"]
     assert [e["path"] for e in writes] == [f"f{i}" for i in range(6)]
     assert [e["lsn"] for e in writes] == sorted(e["lsn"] for e in writes)
@@ -521,27 +522,27 @@ def test_a_stage_dropped_while_its_group_is_not_synced_keeps_its_name_until_the_
     # bytes until the group's syncfs, which waits with its records for the next group.
     import trio
 
-    from rwfs.core import workspace
+    from rwfs.core import committer
 
-    monkeypatch.setattr(workspace, "RECORD_WAIT", 3600.0)
+    monkeypatch.setattr(committer, "RECORD_WAIT", 3600.0)
     (ws.tree / "f0").write_bytes(b"old")
     os.link(ws.tree / "f0", ws.tree / "g0")
     staging = ws.tree / ".rw" / "staging"
 
     async def main() -> None:
-        ws.open_intents()
+        ws.committer.open_intents()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(ws.run_committer)
+            nursery.start_soon(ws.committer.run)
             c = await submit_new(ws, 0, True, owner=object())
             with trio.fail_after(60):
-                while ws._unrecorded is None:
+                while ws.committer._unrecorded is None:
                     await trio.sleep(0.001)
             assert c.info.get("in_place") and c.discard and c.stage.fd == -1
             assert (ws.tree / "g0").read_bytes() == b"new 0"  # one file, written in place
             assert os.listdir(staging) == [c.stage.name.decode()]  # dropped, name kept
-            await ws.sync()  # the syncfs, the records, then the name goes
+            await ws.committer.sync()  # the syncfs, the records, then the name goes
             assert c.done.is_set() and os.listdir(staging) == []
-            await ws.close()
+            await ws.committer.close()
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -553,10 +554,10 @@ def test_a_long_queue_starts_a_group_and_holds_writers_back(ws: Any, monkeypatch
     # Each queued commit holds descriptors: the queue must stay bounded (SPEC §1).
     import trio
 
-    from rwfs.core import workspace
+    from rwfs.core import committer
 
-    monkeypatch.setattr(workspace, "QUEUE_URGENT", 2)
-    monkeypatch.setattr(workspace, "QUEUE_MAX", 3)
+    monkeypatch.setattr(committer, "QUEUE_URGENT", 2)
+    monkeypatch.setattr(committer, "QUEUE_MAX", 3)
     ws.policy.commit_interval_ms = 3_600_000  # only the queue's length can start a group
     for i in range(5):
         (ws.tree / f"f{i}").write_bytes(b"old")
@@ -567,25 +568,27 @@ def test_a_long_queue_starts_a_group_and_holds_writers_back(ws: Any, monkeypatch
         submitted.append(i)
 
     async def main() -> None:
-        ws.open_intents()
+        ws.committer.open_intents()
         submitted: list[int] = []
         async with trio.open_nursery() as nursery:
             for i in range(3):
                 await commit(i, submitted)
-            assert ws.queued == 3 and ws._urgent.is_set()  # a group is due at once
+            assert (
+                ws.committer.queued == 3 and ws.committer._urgent.is_set()
+            )  # a group is due at once
             nursery.start_soon(commit, 3, submitted)
             await trio.sleep(0.2)
-            assert submitted == [0, 1, 2] and ws.queued == 3  # the fourth waits
-            nursery.start_soon(ws.run_committer)
+            assert submitted == [0, 1, 2] and ws.committer.queued == 3  # the fourth waits
+            nursery.start_soon(ws.committer.run)
             with trio.fail_after(10):
                 while len(submitted) < 4:
                     await trio.sleep(0.01)
-            assert ws.queued == 1  # a group took the first three
+            assert ws.committer.queued == 1  # a group took the first three
             await commit(4, submitted)  # two queued: another group at once
             with trio.fail_after(10):
-                while ws.queued:
+                while ws.committer.queued:
                     await trio.sleep(0.01)
-            await ws.close()
+            await ws.committer.close()
             nursery.cancel_scope.cancel()
         assert submitted == [0, 1, 2, 3, 4]
 
@@ -602,37 +605,38 @@ def test_the_committer_leaves_a_conflicted_stage_open_until_it_is_settled(
     # that closed it gave readers EBADF (or, with the number reused, another file).
     import trio
 
-    from rwfs.core.workspace import Commit, RwfsError
+    from rwfs.core.commits import Commit
+    from rwfs.core.errors import RwfsError
 
     (ws.tree / "f").write_bytes(b"old")
     in_thread: dict[str, Any] = {}
-    real_replace = ws._replace
+    real_replace = ws.landing.replace
 
     def replace(c: Commit) -> None:
         real_replace(c)
         in_thread["outcome"], in_thread["fd"] = c.outcome, c.stage.fd
         in_thread["open"] = c.stage.fd >= 0 and os.fstat(c.stage.fd).st_size == 3
 
-    monkeypatch.setattr(ws, "_replace", replace)
+    monkeypatch.setattr(ws.landing, "replace", replace)
     settled: list[tuple[str, int]] = []
-    ws.on_committed = lambda c: settled.append((c.outcome, c.stage.fd))
+    ws.committer.on_committed = lambda c: settled.append((c.outcome, c.stage.fd))
 
     async def main() -> None:
-        ws.open_intents()
+        ws.committer.open_intents()
         fd = os.open(ws.tree / "f", os.O_RDONLY)
         try:
-            stage = await ws.new_stage(fd, truncate=True)
+            stage = await ws.stages.new(fd, truncate=True)
         finally:
             os.close(fd)
         os.pwrite(stage.fd, b"new", 0)
         stage.sealed = True
-        intended, size, _ = await ws.seal(stage)
+        intended, size, _ = await ws.stages.seal(stage)
         (ws.tree / "f").write_bytes(b"changed meanwhile")  # the commit will conflict
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(ws.run_committer)
+            nursery.start_soon(ws.committer.run)
             with pytest.raises(RwfsError):
-                await ws.submit(Commit(b"f", stage, intended, size, {}), wait=True)
-            await ws.close()
+                await ws.committer.submit(Commit(b"f", stage, intended, size, {}), wait=True)
+            await ws.committer.close()
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -657,7 +661,7 @@ def test_a_stage_is_copied_from_its_own_descriptor(ws: Any) -> None:
         got: dict[str, Any] = {}
 
         async def stage() -> None:
-            got["stage"] = await ws.new_stage(fd, truncate=False)
+            got["stage"] = await ws.stages.new(fd, truncate=False)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stage)
@@ -672,7 +676,7 @@ def test_a_stage_is_copied_from_its_own_descriptor(ws: Any) -> None:
     s = got["stage"]
     assert s.expected == sha(big)
     assert os.pread(s.fd, len(big) + 1, 0) == big
-    ws.drop_stage(s)
+    ws.stages.drop(s)
 
 
 def test_a_digest_is_cached_only_once_the_files_last_change_is_not_racy(ws: Any) -> None:
@@ -682,11 +686,11 @@ def test_a_digest_is_cached_only_once_the_files_last_change_is_not_racy(ws: Any)
     p.write_bytes(b"one")
     fd = os.open(p, os.O_RDONLY)
     try:
-        assert ws.digest_of_fd(fd) == sha(b"one")
-        assert ws._digests == {}  # changed just now: not cached
+        assert ws.digests.of_fd(fd) == sha(b"one")
+        assert ws.digests.cache == {}  # changed just now: not cached
         time.sleep(0.1)
-        assert ws.digest_of_fd(fd) == sha(b"one")
-        assert list(ws._digests.values())[0][1] == sha(b"one")
+        assert ws.digests.of_fd(fd) == sha(b"one")
+        assert list(ws.digests.cache.values())[0][1] == sha(b"one")
     finally:
         os.close(fd)
 
@@ -700,7 +704,7 @@ def test_a_small_rewrite_is_gated_on_the_loop_only_when_its_parse_is_kept(
     import trio
 
     from rwfs.checks import gates, parsers
-    from rwfs.core import workspace
+    from rwfs.core import gating
 
     hops: list[str] = []
     real = trio.to_thread.run_sync
@@ -720,14 +724,14 @@ def test_a_small_rewrite_is_gated_on_the_loop_only_when_its_parse_is_kept(
         hops.clear()
         fd = os.open(f, os.O_RDONLY)
         try:
-            stage = await ws.new_stage(fd, truncate=True, expected="x")
+            stage = await ws.stages.new(fd, truncate=True, expected="x")
             os.pwrite(stage.fd, data, 0)
             stage.sealed = True
-            findings = (await ws.seal(stage, (b"m.py", fd)))[2]
+            findings = (await ws.stages.seal(stage, (b"m.py", fd)))[2]
         finally:
             os.close(fd)
-        ws.drop_stage(stage)
-        return [h for h in hops if h in ("work", "_run_gates")], findings
+        ws.stages.drop(stage)
+        return [h for h in hops if h in ("work", "run_now")], findings
 
     async def main() -> None:
         f.write_bytes(module(60, 1))
@@ -743,7 +747,7 @@ def test_a_small_rewrite_is_gated_on_the_loop_only_when_its_parse_is_kept(
             findings[0].message
         )
         big = module(200, 2)  # over GATES_ON_LOOP, though its parse is kept
-        assert len(big) > workspace.GATES_ON_LOOP
+        assert len(big) > gating.GATES_ON_LOOP
         f.write_bytes(big)
         parsers.parse_errors(b"m.py", big)
         assert parsers.quick(b"m.py", lambda: big)

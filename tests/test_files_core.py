@@ -16,9 +16,10 @@ import pytest
 import trio
 
 from rwfs.core.batches import Batches
+from rwfs.core.errors import RwfsError
 from rwfs.core.files import Files
 from rwfs.core.inodes import Inode, InodeTable
-from rwfs.core.workspace import RwfsError, Workspace
+from rwfs.core.workspace import Workspace
 from rwfs.journal.store import Store
 from rwfs.policy import Policy
 
@@ -53,7 +54,7 @@ class Core:
         self.inodes = InodeTable((st.st_dev, st.st_ino))
         self.kernel = FakeKernel()
         self.files = Files(ws, self.batches, self.inodes, self.kernel)
-        ws.on_committed = self.files.committed
+        ws.committer.on_committed = self.files.committed
         ws.on_gone = self.files.gone
 
     def inode(self, name: str) -> Inode:
@@ -102,13 +103,13 @@ def run() -> Any:
         core = Core(ws, tree)
 
         async def main() -> None:
-            ws.open_intents()
+            ws.committer.open_intents()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(ws.run_committer)
+                nursery.start_soon(ws.committer.run)
                 try:
                     await body(core)
                 finally:
-                    await ws.close()
+                    await ws.committer.close()
                     nursery.cancel_scope.cancel()
 
         trio.run(main)
@@ -138,7 +139,7 @@ def test_same_bytes_are_a_noop_and_nothing_is_queued(tree: Path, run: Run) -> No
         await core.write(i, b"same\n")
         await core.close(i)
         assert i.stage is None and i.pending is None  # dropped at once, nothing queued
-        assert core.ws.unsettled() == []
+        assert core.ws.committer.unsettled() == []
 
     core = run(tree, body)
     assert (tree / "a.txt").read_bytes() == b"same\n"
@@ -179,9 +180,9 @@ def test_a_commit_is_queued_then_committed_and_the_inode_follows_the_live_file(
         i = core.inode("b.txt")
         await core.write(i, b"new\n")
         await core.files.commit(i, WHO)
-        seen["queued"] = i.pending is not None and core.ws.is_queued(i.pending)
+        seen["queued"] = i.pending is not None and core.ws.committer.is_queued(i.pending)
         seen["before_sync"] = (tree / "b.txt").read_bytes()
-        await core.ws.sync()
+        await core.ws.committer.sync()
         await core.files.settle(i)
         seen["pending"], seen["stage"] = i.pending, i.stage
         seen["version"] = i.version
@@ -229,7 +230,7 @@ def test_an_open_batch_holds_the_commit_until_it_commits(tree: Path, run: Run) -
         seen["one_draft"] = list(batch.held) == [b"c.txt"] and batch.held[b"c.txt"] is now
         seen["intended"] = now.intended if now is not None else None
         await core.batches.commit(batch)
-        await core.ws.sync()
+        await core.ws.committer.sync()
         seen["after"] = i.pending
 
     run(tree, body)
@@ -294,7 +295,7 @@ def test_a_batchs_new_file_is_virtual_until_the_batch_commits(tree: Path, run: R
         async def create(name: bytes, data: bytes) -> Inode:
             # What fs.create does for a writer an open batch takes: only a stage.
             i = core.inodes.add_virtual(name)
-            i.stage = await core.ws.empty_stage(0o644, os.getuid(), os.getgid())
+            i.stage = await core.ws.stages.empty(0o644, os.getuid(), os.getgid())
             core.files.virtual[name] = i
             i.handles += 1
             os.pwrite(i.stage.fd, data, 0)
@@ -426,23 +427,23 @@ def test_a_stale_write_refused_while_the_change_it_lost_lands(tree: Path, run: R
         core.files.opened_to_read(reader["pid"], f)
         await core.write(f, b"theirs\n")
         await core.close(f)  # queued, not landed
-        assert f.pending is not None and core.ws.is_queued(f.pending)
-        exclusive = core.ws.exclusive
+        assert f.pending is not None and core.ws.committer.is_queued(f.pending)
+        exclusive = core.ws.committer.exclusive
 
         @contextlib.asynccontextmanager
         async def landing_first() -> AsyncIterator[None]:
-            await core.ws.sync()  # the committer takes the lock first and lands it
+            await core.ws.committer.sync()  # the committer takes the lock first and lands it
             async with exclusive():
                 yield
 
-        core.ws.exclusive = landing_first  # type: ignore[method-assign]
+        core.ws.committer.exclusive = landing_first  # type: ignore[method-assign]
         await core.write(f, b"mine\n")
         try:
             with pytest.raises(RwfsError) as exc:
                 await core.files.commit(f, reader, False)
             refused.append(exc.value)
         finally:
-            core.ws.exclusive = exclusive  # type: ignore[method-assign]
+            core.ws.committer.exclusive = exclusive  # type: ignore[method-assign]
             f.handles -= 1
             core.files.release_fd(f)
 
@@ -471,7 +472,7 @@ def test_a_file_removed_and_made_again_is_gated_against_the_removed_bytes(
         with pytest.raises(RwfsError) as exc:
             await core.close(i)
         refused.append(exc.value)
-        await core.ws.sync()
+        await core.ws.committer.sync()
         await core.files.settle(i)
 
     core = run(tree, body)
@@ -531,9 +532,9 @@ async def during_its_commit_point(core: Core, inode: Any, op: Any, *args: Any) -
     """Close ``inode`` and, while its commit point is under way (sealed, waiting for a
     worker thread to hash it: every slot is taken here, as a collection, a group commit
     and other seals can take them), run ``op(*args)``; then let the threads go."""
-    from rwfs.core import workspace
+    from rwfs.core.syscalls import WORKERS
 
-    limiter = workspace._LIMIT
+    limiter = WORKERS
     holders = [object() for _ in range(int(limiter.total_tokens))]
     for h in holders:
         await limiter.acquire_on_behalf_of(h)
@@ -545,7 +546,7 @@ async def during_its_commit_point(core: Core, inode: Any, op: Any, *args: Any) -
         await trio.sleep(0.05)
         for h in holders:
             limiter.release_on_behalf_of(h)
-    await core.ws.sync()
+    await core.ws.committer.sync()
 
 
 def test_a_save_by_rename_during_its_temporary_files_commit_point_carries_its_bytes(

@@ -28,7 +28,8 @@ import pytest
 import trio
 from conftest import RWFS, Mount, check_clean, prepare_state, rwfs_mounted, submit_new
 
-from rwfs.core.workspace import Commit, RwfsError
+from rwfs.core.commits import Commit
+from rwfs.core.errors import RwfsError
 from rwfs.journal.store import JournalUnavailable
 from rwfs.policy import DEFAULT_TEXT
 
@@ -320,39 +321,39 @@ def test_a_group_whose_record_fails_is_recorded_by_the_retry(ws: Any, monkeypatc
     record, and nothing is journaled twice."""
     w = ws
     (w.tree / "f").write_bytes(b"old\n")
-    real_write, record_fails = failing_transaction(w, "_write_records")
+    real_write, record_fails = failing_transaction(w, "write_records")
 
     async def main() -> None:
-        w.open_intents()
+        w.committer.open_intents()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(w.run_committer)
+            nursery.start_soon(w.committer.run)
             fd = os.open(w.tree / "f", os.O_RDONLY)
             try:
-                stage = await w.new_stage(fd, truncate=True)
+                stage = await w.stages.new(fd, truncate=True)
             finally:
                 os.close(fd)
             os.pwrite(stage.fd, b"new\n", 0)
             stage.sealed = True
-            intended, size, _ = await w.seal(stage)
+            intended, size, _ = await w.stages.seal(stage)
             monkeypatch.setattr(w.store, "write", record_fails)
-            c = await w.submit(Commit(b"f", stage, intended, size, {}), wait=False)
+            c = await w.committer.submit(Commit(b"f", stage, intended, size, {}), wait=False)
             with pytest.raises(RwfsError) as err:
-                await w.sync()
+                await w.committer.sync()
             assert err.value.errno == errno.EIO
             assert err.value.envelope["error"] == "journal_unavailable"
             assert (w.tree / "f").read_bytes() == b"new\n"  # replaced: only the record is owed
             assert c.outcome == "committed" and not c.done.is_set()
-            assert w.journal_status()["queued_commits"] == 1
+            assert w.journal.status()["queued_commits"] == 1
             assert [r["state"] for r in w.store.unsettled()] == ["prepared"]
             with pytest.raises(RwfsError):
-                await w.sync()  # the retry fails again: still one generation behind it
+                await w.committer.sync()  # the retry fails again: still one generation behind it
             assert len(os.listdir(w.tree / ".rw" / "intents")) <= 2
             monkeypatch.setattr(w.store, "write", real_write)
-            await w.sync()
-            assert c.done.is_set() and w.journal_ok
+            await w.committer.sync()
+            assert c.done.is_set() and w.journal.ok
             assert w.store.unsettled() == []
             assert len(os.listdir(w.tree / ".rw" / "intents")) == 1
-            await w.close()
+            await w.committer.close()
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -367,21 +368,21 @@ def test_a_group_whose_records_waited_is_retried_when_the_next_receipts_fail(
     """fsync after fsync: the first group's records wait to go in the second group's
     receipts transaction, which fails. The second writer gets EIO with nothing written;
     the first group, applied and answered, is kept and only its records are retried."""
-    from rwfs.core import workspace
+    from rwfs.core import committer
 
-    monkeypatch.setattr(workspace, "RECORD_WAIT", 3600.0)
+    monkeypatch.setattr(committer, "RECORD_WAIT", 3600.0)
     w = ws
     for i in range(2):
         (w.tree / f"f{i}").write_bytes(b"old")
     real_write, prepare_fails = failing_transaction(w, "prepare")
 
     async def main() -> None:
-        w.open_intents()
+        w.committer.open_intents()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(w.run_committer)
+            nursery.start_soon(w.committer.run)
             first = await submit_new(w, 0, True, owner=object())  # durable; records wait
             with trio.fail_after(60):
-                while w._unrecorded is None:
+                while w.committer._unrecorded is None:
                     await trio.sleep(0.001)
             monkeypatch.setattr(w.store, "write", prepare_fails)
             with pytest.raises(RwfsError) as err:
@@ -390,13 +391,13 @@ def test_a_group_whose_records_waited_is_retried_when_the_next_receipts_fail(
             assert (w.tree / "f0").read_bytes() == b"new 0"
             assert (w.tree / "f1").read_bytes() == b"old"  # nothing of it was written
             assert first.outcome == "committed" and not first.done.is_set()
-            assert w.journal_status()["queued_commits"] == 1
+            assert w.journal.status()["queued_commits"] == 1
             assert [r["state"] for r in w.store.unsettled()] == ["prepared"]
             monkeypatch.setattr(w.store, "write", real_write)
-            await w.sync()
-            assert first.done.is_set() and w.journal_ok
+            await w.committer.sync()
+            assert first.done.is_set() and w.journal.ok
             assert w.store.unsettled() == []
-            await w.close()
+            await w.committer.close()
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -426,13 +427,13 @@ def test_an_unmount_flushes_what_came_during_a_slow_group(ws: Any, monkeypatch: 
         commits.append(await submit_new(w, 1, False))
 
     async def main() -> None:
-        w.open_intents()
+        w.committer.open_intents()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(w.run_committer)
+            nursery.start_soon(w.committer.run)
             commits.append(await submit_new(w, 0, False))  # acknowledged, queued
             monkeypatch.setattr(w.store, "write", slow_write)
             nursery.start_soon(late)
-            assert await w.close(wait=0.05) == 0
+            assert await w.committer.close(wait=0.05) == 0
             assert len(commits) == 2 and all(c.done.is_set() for c in commits)
             nursery.cancel_scope.cancel()
 

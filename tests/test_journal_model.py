@@ -17,7 +17,7 @@ from typing import Any
 
 from conftest import Mount, check_clean, prepare_state
 
-from rwfs.core.workspace import record_event
+from rwfs.core.commits import record_event
 from rwfs.journal.store import Store
 
 

@@ -40,7 +40,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from rwfs.core.workspace import renameat2
+from rwfs.core.syscalls import renameat2
 
 LONG_DIR = "/".join(c * 200 for c in "LMN")  # with the run's directory: > 600 bytes
 ODD = os.fsdecode(b"o\xff\xfe dd\nname.txt")

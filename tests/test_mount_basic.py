@@ -249,7 +249,7 @@ def test_a_commit_leaves_its_directorys_times_alone(tmp_path: Path) -> None:
 
 def test_a_new_files_empty_inode_is_reused_as_a_later_stage(tmp_path: Path) -> None:
     """A new file's first commit replaces the empty file its create made; rwfs keeps that
-    inode for the next stage rather than freeing it (see Workspace._spare_link). The file
+    inode for the next stage rather than freeing it (see Stages.spare_link). The file
     the inode then becomes carries nothing of its past: no xattrs, its own mode, new times."""
     ws, mp, m = mounted_beside(tmp_path)
 

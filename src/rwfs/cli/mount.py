@@ -232,7 +232,7 @@ def serve(
         else:
             done = ", ".join(f"{v} {k}" for k, v in summary.items() if v)
             print(f"rwfs: recovered: {done}", file=sys.stderr, flush=True)
-    ws.open_intents()
+    ws.committer.open_intents()
     overmount = workspace == mountpoint
     info: dict[str, Any] = {
         "pid": os.getpid(),
@@ -364,7 +364,7 @@ async def _main(ws: Workspace, ops: Operations) -> None:
             await ops.control.retention.run()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(ws.run_committer)
+        nursery.start_soon(ws.committer.run)
         nursery.start_soon(ops.run_primer)
         nursery.start_soon(retain)
         nursery.start_soon(_on_signals)
@@ -372,7 +372,7 @@ async def _main(ws: Workspace, ops: Operations) -> None:
         await pyfuse3.main()
         retention.cancel()  # (a collection under way ends at its next step)
         # Unmounted: finish every queued commit before the process ends.
-        await ws.close()
+        await ws.committer.close()
         nursery.cancel_scope.cancel()
 
 

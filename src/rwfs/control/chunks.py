@@ -21,7 +21,9 @@ import trio
 
 from .. import beneath
 from ..core import rights
-from ..core.workspace import _LIMIT, Commit, RwfsError, conflict_error
+from ..core.commits import Commit
+from ..core.errors import RwfsError, conflict_error
+from ..core.syscalls import WORKERS
 from ..journal.store import now_iso, plain_name
 from .nodes import verb_file
 
@@ -103,7 +105,7 @@ class Chunks:
         ws = self.c.ws
         key = session["name"].encode()
         await trio.to_thread.run_sync(
-            ws.store.write, lambda txn: txn.put(_DB, key, session), limiter=_LIMIT
+            ws.store.write, lambda txn: txn.put(_DB, key, session), limiter=WORKERS
         )
 
     def refresh(self) -> None:
@@ -175,7 +177,7 @@ class Chunks:
         self._get(raw.decode("utf-8", "replace"))
         ws = self.c.ws
         await trio.to_thread.run_sync(
-            ws.store.write, lambda txn: txn.delete(_DB, raw), limiter=_LIMIT
+            ws.store.write, lambda txn: txn.delete(_DB, raw), limiter=WORKERS
         )
         self.refresh()
 
@@ -197,49 +199,49 @@ class Chunks:
         ws = self.c.ws
         digests = plan(self._get(name))
         rights.require(ws.root_fd, {path: False}, who)
-        await ws.sync()  # compose against the file's journaled bytes
+        await ws.committer.sync()  # compose against the file's journaled bytes
 
-        live, st = await trio.to_thread.run_sync(ws.live_digest, path, limiter=_LIMIT)
+        live, st = await trio.to_thread.run_sync(ws.digests.live, path, limiter=WORKERS)
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise _bad(
                 f"Nothing was composed: {args[0]} is not a regular file.", where, errno.EPERM
             )
         base = -1
         if live is None:
-            s = await ws.empty_stage(0o644, os.getuid(), os.getgid())
+            s = await ws.stages.empty(0o644, os.getuid(), os.getgid())
         else:  # its mode, owner and xattrs carry over
             base = beneath.open_beneath(ws.root_fd, path, os.O_RDONLY | os.O_NOFOLLOW)
-            s = await ws.new_stage(base, truncate=True)
+            s = await ws.stages.new(base, truncate=True)
         s.expected = live
 
         def fill() -> None:
             for d in digests:
                 os.write(s.fd, ws.objects.read(d))
 
-        await trio.to_thread.run_sync(fill, limiter=_LIMIT)
+        await trio.to_thread.run_sync(fill, limiter=WORKERS)
         try:
-            intended, size, _ = await ws.seal(s)
-            findings = await ws.run_gates(path, base, s.fd)
-            findings, allowance = ws.let_through(path, who, findings)
+            intended, size, _ = await ws.stages.seal(s)
+            findings = await ws.gating.run(path, base, s.fd)
+            findings, allowance = ws.gating.let_through(path, who, findings)
             if any(f.action == "reject" for f in findings):
-                err = await ws.refuse(path, s.fd, s.expected, intended, findings, who)
-                ws.drop_stage(s)
+                err = await ws.refusals.refuse(path, s.fd, s.expected, intended, findings, who)
+                ws.stages.drop(s)
                 raise err
         finally:
             if base >= 0:
                 os.close(base)
         if intended == s.expected:
-            ws.drop_stage(s)
+            ws.stages.drop(s)
             if allowance is not None:  # (nothing changed: the allowance stays)
                 ws.allowances.give_back(allowance)
             return
         c = Commit(path, s, intended, size, {**who, "chunks": name})
         if allowance is not None:
             c.info["allowed"] = allowance.record()
-        await ws.submit(c, wait=True)
+        await ws.committer.submit(c, wait=True)
         if c.outcome not in ("committed", "landed"):
             raise conflict_error(c)
-        ws.on_committed(c)
+        ws.committer.on_committed(c)
 
 
 class Parts:
@@ -267,9 +269,9 @@ class Parts:
             return b"" if digest is None else c.ws.objects.read(digest)
 
         async def write(data: bytes, who: dict[str, Any]) -> None:
-            async with c.ws.exclusive():  # the object and its record, together, for gc
+            async with c.ws.committer.exclusive():  # the object and its record, together, for gc
                 digest = await trio.to_thread.run_sync(
-                    c.ws.objects.keep_bytes, data, limiter=_LIMIT
+                    c.ws.objects.keep_bytes, data, limiter=WORKERS
                 )
                 session = self.chunks._get(self.name)
                 session["parts"][part.decode()] = digest

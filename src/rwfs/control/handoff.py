@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 import yaml
 
-from ..core.workspace import _LIMIT
+from ..core.syscalls import WORKERS
 
 if TYPE_CHECKING:
     from .nodes import CDir
@@ -61,7 +61,7 @@ class Handoff:
 
     async def write(self, data: bytes, who: dict[str, Any]) -> None:
         ws = self.c.ws
-        await ws.sync()  # the state named below includes every acknowledged write
+        await ws.committer.sync()  # the state named below includes every acknowledged write
         previous = self._all()
         since = previous[-1]["lsn"] if previous else 0
         state: dict[str, str | None] = {}
@@ -80,8 +80,8 @@ class Handoff:
             record = {"lsn": ws.store.meta_int(b"lsn"), "note": digest, "last_good_state": good}
             ws.store.write(lambda txn: txn.new_handoff({**record, **who}))
 
-        async with ws.exclusive():  # the object and its record, together, for gc
-            await trio.to_thread.run_sync(keep, limiter=_LIMIT)
+        async with ws.committer.exclusive():  # the object and its record, together, for gc
+            await trio.to_thread.run_sync(keep, limiter=WORKERS)
 
     def _text(self, record: dict[str, Any], drift: bool) -> bytes:
         ws = self.c.ws
@@ -91,7 +91,7 @@ class Handoff:
         if drift:
             for entry in record["last_good_state"]:
                 try:
-                    now = ws.live_digest(os.fsencode(entry["path"]))[0]
+                    now = ws.digests.live(os.fsencode(entry["path"]))[0]
                 except OSError:  # unreadable now, or past max_journaled_bytes (not hashed)
                     now = None
                 if now != entry["sha256"]:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.workspace import RwfsError
+from ..core.errors import RwfsError
 
 
 @dataclass(eq=False)

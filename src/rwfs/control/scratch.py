@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..core.workspace import _LIMIT, RwfsError
+from ..core.errors import RwfsError
+from ..core.syscalls import WORKERS
 from ..journal.store import now_iso
 
 if TYPE_CHECKING:
@@ -100,8 +101,8 @@ class Scratch:
                 }
                 ws.store.write(lambda txn: txn.put(_DB, name, record))
 
-            async with ws.exclusive():  # the object and its record, together, for gc
-                await trio.to_thread.run_sync(keep, limiter=_LIMIT)
+            async with ws.committer.exclusive():  # the object and its record, together, for gc
+                await trio.to_thread.run_sync(keep, limiter=WORKERS)
             self.new.discard(name)
 
         return write
@@ -109,7 +110,7 @@ class Scratch:
     async def unlink(self, name: bytes) -> None:
         ws = self.c.ws
         await trio.to_thread.run_sync(
-            ws.store.write, lambda txn: txn.delete(_DB, name), limiter=_LIMIT
+            ws.store.write, lambda txn: txn.delete(_DB, name), limiter=WORKERS
         )
         self.new.discard(name)
         self.c.remove(self.top, name)

@@ -32,7 +32,8 @@ from ..checks import gates, parsers
 from ..checks.allowances import ALLOW_S, PER_USER, WAIVES, Allowance
 from ..core import rights
 from ..core.changes import modes_at
-from ..core.workspace import RwfsError, Workspace, escaped, journal_unavailable
+from ..core.errors import RwfsError, escaped, journal_unavailable
+from ..core.workspace import Workspace
 from ..features import conflicts, gc
 from ..features.history import History, Version
 from ..features.sessions import Sessions
@@ -361,7 +362,7 @@ class Control:
         """The first of ``_holders`` whose live file really holds ``digest``."""
         for p in self._holders(digest, path):
             with contextlib.suppress(OSError):  # (unreadable, or too large to hash)
-                if self.ws.live_digest(p)[0] == digest:
+                if self.ws.digests.live(p)[0] == digest:
                     return p
         return None
 
@@ -373,7 +374,7 @@ class Control:
                 continue
             # (None found: the batch has nothing to write it from, and says so)
             for holder in self._holders(target, path):
-                self.ws.keep_live_copy(holder, target)
+                self.ws.stages.keep_live_copy(holder, target)
 
     def version_bytes(self, digest: str, path: bytes, where: bytes) -> bytes:
         """The bytes of a version of ``path`` (history/, a snapshot's tree/): its object,
@@ -500,7 +501,7 @@ class Control:
                 "warnings": counters.get("warnings", 0),
                 "open_batches": states.count("open"),
                 "interrupted_batches": states.count("interrupted"),
-                "queued": self.ws.queued,
+                "queued": self.ws.committer.queued,
             },
             "last_lsn": self.ws.store.meta_int(b"lsn"),
             # Who is capturing writes right now: open batches and run sessions.
@@ -511,9 +512,9 @@ class Control:
             # Open allowances (allow PATH): whose, of what, until when (also .rw/allowed).
             "allowed": self.ws.allowances.views(),
             "journal_bytes": self.ws.store.size_bytes(),
-            "journal_ok": self.ws.journal_ok,
+            "journal_ok": self.ws.journal.ok,
             # Whether LMDB commits, since when it does not, and the commits it still owes.
-            "journal": self.ws.journal_status(),
+            "journal": self.ws.journal.status(),
             # What recovery at this mount could not settle (docs/recovery.md).
             "unsettled": self.ws.recovery_left,
             **{key: fn() for key, fn in self.live.items()},
@@ -533,7 +534,7 @@ class Control:
     async def _undo(self, args: list[str], who: dict[str, Any]) -> None:
         if len(args) != 1:
             raise verb_error("undo takes one batch or session name: write 'undo NAME'.")
-        await self.ws.sync()  # the journal holds every acknowledged write
+        await self.ws.committer.sync()  # the journal holds every acknowledged write
         # A batch's name first (an explicit batch, or a batch of one: auto-N); otherwise a
         # run session's (sessions.py): all its events. Reads the whole journal: off the
         # event loop.
@@ -564,7 +565,7 @@ class Control:
         """``session begin``: the writer of the verb (``rwfs run``) opens a run session
         over its descendants; ``session end NAME [STATUS]`` closes it (sessions.py)."""
         if args == ["begin"]:
-            await self.ws.sync()  # the begin event's LSN follows every write acknowledged
+            await self.ws.committer.sync()  # the begin event's LSN follows every write acknowledged
 
             def begin(txn: Any) -> tuple[int, str]:
                 lsn = txn.next_lsn()
@@ -582,7 +583,7 @@ class Control:
         mine = args[1:2] and self.sessions.active.get(args[1])
         if len(args) in (2, 3) and args[0] == "end" and mine and who["uid"] in (mine.uid, 0):
             status = int(args[2]) if len(args) == 3 and args[2].lstrip("-").isdigit() else None
-            await self.ws.sync()  # every write of the session is journaled before its end
+            await self.ws.committer.sync()  # every write of the session is journaled before its end
             self.sessions.end(args[1])
             event: dict[str, Any] = {"op": "session", "path": None, "state": "ended"}
             event["session"] = args[1]
@@ -606,7 +607,7 @@ class Control:
                 f"Nothing was restored: {bad[0]!r} is outside the workspace or names it "
                 "through '..'; give paths relative to the workspace's top, such as src/app.py."
             )
-        await self.ws.sync()
+        await self.ws.committer.sync()
         paths = [os.fsencode(os.path.normpath(a)) for a in args[1:]]
         for arg, path in zip(args[1:], paths, strict=True):
             why = self._not_journaled(arg, path)
@@ -705,7 +706,7 @@ class Control:
                     f"Nothing was allowed: a user may hold {PER_USER} allowances at once; "
                     "write the files allowed already, or cancel some ('allow --cancel PATH')."
                 )
-        await self.ws.sync()  # (the grant follows the refusal it answers in the journal)
+        await self.ws.committer.sync()  # (the grant follows the refusal it answers in the journal)
         now = time.time()
         expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + ALLOW_S))
         by: dict[str, Any] = {k: who[k] for k in ("pid", "comm", "uid") if k in who}
@@ -809,7 +810,7 @@ class Control:
 
     async def _sync(self, args: list[str], who: dict[str, Any]) -> None:
         no_args(args, "sync", ".rw/ctl")
-        await self.ws.sync()
+        await self.ws.committer.sync()
 
     async def _write_policy(self, data: bytes, who: dict[str, Any]) -> None:
         owner = self.ws_owner()[0]
@@ -1186,7 +1187,7 @@ class SnapshotViews:
         taken = self.taken(raw)
         if taken is not None:
             raise taken
-        await self.c.ws.sync()  # the point named includes every write acknowledged so far
+        await self.c.ws.committer.sync()  # the point named includes every write acknowledged so far
         snap = {"name": name, "lsn": self.c.ws.store.meta_int(b"lsn"), "ts": now_iso(), **who}
         await trio.to_thread.run_sync(self.c.ws.store.write, lambda txn: txn.put_snapshot(snap))
         self._all()[name.encode()] = snap

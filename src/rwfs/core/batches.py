@@ -14,7 +14,7 @@ so the real tree does not change. Each held draft is recorded in the batch's LMD
 
 Recovery (``recover``) classifies an interrupted batch's receipts by the §6.2 table and
 leaves one notice per batch, in the transaction that classifies it. Nothing here knows
-about FUSE; the FUSE layer learns about settled drafts through ``Workspace.settle``.
+about FUSE; the FUSE layer learns about settled drafts through ``Committer.settle``.
 """
 
 from __future__ import annotations
@@ -37,20 +37,11 @@ from ..journal.objects import open_regular
 from ..journal.store import now_iso, plain_name
 from . import rights
 from .changes import changes_in
-from .workspace import (
-    _LIMIT,
-    Commit,
-    RwfsError,
-    Stage,
-    TooLarge,
-    Workspace,
-    borrowed,
-    copy_metadata,
-    fsdecode,
-    record_commit,
-    syncfs,
-    too_large,
-)
+from .commits import Commit, record_commit
+from .errors import RwfsError, TooLarge, too_large
+from .stages import Stage
+from .syscalls import WORKERS, borrowed, copy_metadata, fsdecode, syncfs
+from .workspace import Workspace
 
 OPEN, COMMITTING, COMMITTED = "open", "committing", "committed"
 ABORTED, INTERRUPTED, CONFLICTED = "aborted", "interrupted", "conflicted"
@@ -266,7 +257,7 @@ class Batches:
                 return False
             if wait:  # fsync(): the draft itself must be on disk
                 with borrowed(commit.stage.fd) as (fd,):
-                    await trio.to_thread.run_sync(os.fsync, fd, limiter=_LIMIT)
+                    await trio.to_thread.run_sync(os.fsync, fd, limiter=WORKERS)
             entry = await self._put_entry(
                 batch,
                 commit.path,
@@ -281,7 +272,7 @@ class Batches:
             previous = batch.held.get(commit.path)
             batch.held[commit.path] = commit
             if previous is not None and previous is not commit:
-                self.ws.retire_draft(previous.stage, previous.intended)
+                self.ws.stages.retire_draft(previous.stage, previous.intended)
             return True
 
     async def _put_entry(
@@ -333,7 +324,7 @@ class Batches:
             before = entries.pop(fsdecode(dst), None)
             moved["expected"] = before["expected"] if before else base
             # A file renamed onto dst: the commit replaces the name, as rename(2) does, and
-            # never writes into a file dst shares with other names (workspace._replace).
+            # never writes into a file dst shares with other names (Landing.replace).
             moved["replace"] = True
             entries[fsdecode(dst)] = moved
             del batch.held[commit.path]
@@ -342,7 +333,7 @@ class Batches:
             batch.held[dst] = commit
             await self._save(batch)
             if replaced is not None:
-                self.ws.drop_stage(replaced.stage)
+                self.ws.stages.drop(replaced.stage)
                 self._settled(replaced, "replaced")
 
     async def move_entry(self, batch: Batch, commit: Commit, path: bytes) -> None:
@@ -367,7 +358,7 @@ class Batches:
             replaced = batch.held.get(path)
             batch.held[path] = gone
             if replaced is not None:
-                self.ws.drop_stage(replaced.stage)
+                self.ws.stages.drop(replaced.stage)
                 self._settled(replaced, "replaced")
 
     async def unhold(self, batch: Batch, path: bytes) -> None:
@@ -377,7 +368,7 @@ class Batches:
             commit = batch.held.pop(path, None)
             await self._save(batch)
             if commit is not None:
-                self.ws.drop_stage(commit.stage)
+                self.ws.stages.drop(commit.stage)
                 self._settled(commit, "noop")
 
     async def commit(self, batch: Batch) -> None:
@@ -388,10 +379,10 @@ class Batches:
                     batch.name,
                 )
             commits = sorted(batch.held.values(), key=lambda c: self._order(batch, c))
-            await self.ws.sync()  # commits queued before the batch's go first
-            async with self.ws.exclusive():
+            await self.ws.committer.sync()  # commits queued before the batch's go first
+            async with self.ws.committer.exclusive():
                 reasons = await trio.to_thread.run_sync(
-                    self._apply, batch, commits, True, limiter=_LIMIT
+                    self._apply, batch, commits, True, limiter=WORKERS
                 )
             if reasons:
                 for c in commits:
@@ -434,12 +425,12 @@ class Batches:
                 batch.record["state"] = ABORTED
                 txn.put_batch(batch.record)
 
-            await trio.to_thread.run_sync(self.ws.store.write, settle, limiter=_LIMIT)
+            await trio.to_thread.run_sync(self.ws.store.write, settle, limiter=WORKERS)
             for commit in batch.held.values():
-                self.ws.drop_stage(commit.stage)
+                self.ws.stages.drop(commit.stage)
                 self._settled(commit, ABORTED)
                 # Each draft dropped is journaled: its writer was told its write succeeded.
-                self.ws.record(
+                self.ws.committer.record(
                     {
                         "op": "drop",
                         "path": fsdecode(commit.path),
@@ -460,7 +451,9 @@ class Batches:
                         os.unlink(name, dir_fd=dfd)
                 except OSError:
                     continue
-                self.ws.record({"op": "unlink", "path": link["path"], "batch": batch.name})
+                self.ws.committer.record(
+                    {"op": "unlink", "path": link["path"], "batch": batch.name}
+                )
                 self.ws.on_gone(path)
             for d in reversed(batch.record.get("dirs", [])):  # made in the batch, still empty
                 path = os.fsencode(d)
@@ -469,7 +462,7 @@ class Batches:
                         os.rmdir(name, dir_fd=dfd)
                 except OSError:
                     continue
-                self.ws.record({"op": "rmdir", "path": d, "batch": batch.name})
+                self.ws.committer.record({"op": "rmdir", "path": d, "batch": batch.name})
                 self.ws.on_gone(path)
 
     async def made_dir(self, batch: Batch, path: bytes) -> None:
@@ -494,10 +487,10 @@ class Batches:
                     f"Batch {batch.name} is {batch.state}; only an interrupted batch resumes.",
                     batch.name,
                 )
-            async with self.ws.exclusive():
-                done = await trio.to_thread.run_sync(self.resume_now, batch, limiter=_LIMIT)
+            async with self.ws.committer.exclusive():
+                done = await trio.to_thread.run_sync(self.resume_now, batch, limiter=WORKERS)
             for c in done:
-                self.ws.settle(c)  # the kernel's view of those paths is stale
+                self.ws.committer.settle(c)  # the kernel's view of those paths is stale
 
     def resume_now(self, batch: Batch) -> list[Commit]:
         """``resume`` (blocking): owed entries become commits of their kept drafts."""
@@ -531,10 +524,10 @@ class Batches:
                     "back (undo of committed batches comes with history).",
                     batch.name,
                 )
-            async with self.ws.exclusive():
-                done = await trio.to_thread.run_sync(self._rollback, batch, limiter=_LIMIT)
+            async with self.ws.committer.exclusive():
+                done = await trio.to_thread.run_sync(self._rollback, batch, limiter=WORKERS)
             for c in done:
-                self.ws.settle(c)
+                self.ws.committer.settle(c)
 
     def _rollback(self, batch: Batch) -> list[Commit]:
         reverse = []
@@ -624,11 +617,11 @@ class Batches:
         if undoes is not None:
             batch.record["undoes"] = undoes
         async with batch.lock:
-            await self.ws.sync()
-            async with self.ws.exclusive():
-                await trio.to_thread.run_sync(self._apply, batch, commits, False, limiter=_LIMIT)
+            await self.ws.committer.sync()
+            async with self.ws.committer.exclusive():
+                await trio.to_thread.run_sync(self._apply, batch, commits, False, limiter=WORKERS)
             for c in commits:
-                self.ws.settle(c)
+                self.ws.committer.settle(c)
         conflicts = [c for c in commits if c.outcome == "conflict"]
         if conflicts or batch.state == INTERRUPTED:
             raise _err(
@@ -690,7 +683,7 @@ class Batches:
                 if c.stage.fd >= 0:
                     os.fsync(c.stage.fd)
 
-        linked = ws.linked(todo)
+        linked = ws.links.linked(todo)
 
         def prepare(txn: Any) -> None:
             for c in todo:
@@ -720,7 +713,7 @@ class Batches:
         ws.store.write(prepare)
         faults.point("batch_after_prepare")
         for c in todo:
-            ws._replace(c)
+            ws.landing.replace(c)
             faults.point("batch_after_rename")
         syncfs(ws.root_fd)
         faults.point("batch_before_commit_record")
@@ -762,7 +755,7 @@ class Batches:
 
         for c in commits:
             try:
-                live, st = self.ws.live_digest(c.path)
+                live, st = self.ws.digests.live(c.path)
             except beneath.Escape:
                 c.outcome = "pending"
                 fail(c, errno.EPERM, "symlink", "a directory on its path is a symlink")
@@ -792,7 +785,7 @@ class Batches:
                 if fd < 0:  # swapped since the check: the replace step refuses it
                     continue
                 try:
-                    findings = self.ws._run_gates(c.path, fd, c.stage.fd, c.stage.cut_last)
+                    findings = self.ws.gating.run_now(c.path, fd, c.stage.fd, c.stage.cut_last)
                 finally:
                     os.close(fd)
                 refused = [f for f in findings if f.action == "reject"]
@@ -824,7 +817,7 @@ class Batches:
         """Keep a copy of the bytes a path holds before the batch replaces them: a hard
         link (what a commit keeps) would change with an edit made by hand meanwhile."""
         if c.stage.expected is not None:
-            self.ws.keep_live_copy(c.path, c.stage.expected)
+            self.ws.stages.keep_live_copy(c.path, c.stage.expected)
 
     def _materialize(self, c: Commit) -> bool:
         """A stage made from the kept draft (object) of an entry; False if it is gone."""
@@ -835,7 +828,7 @@ class Batches:
         except FileNotFoundError:
             return False
         try:
-            stage = self.ws._new_stage(fd, truncate=False)
+            stage = self.ws.stages.make(fd, truncate=False)
         finally:
             os.close(fd)
         stage.expected = c.stage.expected
@@ -876,12 +869,12 @@ class Batches:
     def _settled(self, commit: Commit, outcome: str) -> None:
         commit.outcome = outcome
         commit.held = False
-        self.ws.settle(commit)
+        self.ws.committer.settle(commit)
         commit.finish()
 
     async def _save(self, batch: Batch) -> None:
         await trio.to_thread.run_sync(
-            self.ws.store.write, lambda txn: txn.put_batch(batch.record), limiter=_LIMIT
+            self.ws.store.write, lambda txn: txn.put_batch(batch.record), limiter=WORKERS
         )
 
     # ---- views ----
@@ -957,7 +950,7 @@ class Batches:
         fd = -1
         if live is not None:  # the base of an open batch is the live file
             got = self._live_fd(live)
-            if got is not None and self.ws.digest_of_fd(got) == digest:
+            if got is not None and self.ws.digests.of_fd(got) == digest:
                 fd = got
             elif got is not None:
                 os.close(got)
@@ -1026,7 +1019,7 @@ def _keep_draft(ws: Workspace, stage_name: str | None, digest: str | None) -> bo
     except FileNotFoundError:
         return ws.objects.exists(digest)
     try:
-        ok = ws.digest_of_fd(fd) == digest
+        ok = ws.digests.of_fd(fd) == digest
     finally:
         os.close(fd)
     if ok:
@@ -1082,7 +1075,7 @@ def _recover_committing(
     for r in receipts:
         path = os.fsencode(r["path"])
         try:
-            live, st = ws.live_digest(path)
+            live, st = ws.digests.live(path)
         except OSError:
             summary["pending"] += 1
             unreadable += 1
@@ -1102,7 +1095,7 @@ def _recover_committing(
         if live == r["intended"] and not special:
             c.outcome = "landed"
             c.info["kept"] = bool(r["expected"]) and ws.objects.exists(r["expected"])
-            ws.landed_links(c, st)
+            ws.links.landed(c, st)
             settle.append(c)
             summary["committed"] += 1
         elif live == r["expected"] and not special:
@@ -1148,5 +1141,5 @@ def _recover_committing(
     ws.store.write(write)
     if auto and batch.state == INTERRUPTED:
         for c in batches.resume_now(batch):
-            ws.settle(c)  # before the mount is served: only drops what is to go
+            ws.committer.settle(c)  # before the mount is served: only drops what is to go
         summary["performed"] += owed - unreadable

@@ -21,7 +21,7 @@ States of an inode's stage (``Inode.stage``, ``Inode.pending``; ``inodes.py``):
   - **held by a batch**: the file's open batch, or the writer's (``Batches.hold``):
     ``pending`` is the held ``Commit`` (``held``), whose stage stays the file's bytes
     until the batch commits or aborts; a new stage is built on the draft.
-  - **queued**: ``Workspace.submit``; ``pending`` is set until the committer calls
+  - **queued**: ``Committer.submit``; ``pending`` is set until the committer calls
     ``committed`` (on the loop). Writes wait for it (``settle``).
 
 - **committed** (``committed``): the outcome decides. ``committed``: the stage's
@@ -40,7 +40,7 @@ States of a path:
 
 The namespace is decided here too: what an ``unlink``/``rmdir`` (``remove``), a ``rename``
 (``rename``: gated onto a journaled file), a ``link`` and a ``create`` in an open batch
-(``create_in_batch``) become, each journaled around its syscall (``Workspace.operation``).
+(``create_in_batch``) become, each journaled around its syscall (``Committer.operation``).
 The batch's side: an unlink a batch takes (``hide``), of its new file (``drop_virtual``),
 a rename of its new file (``rename_virtual``, gated like ``gate_rename`` onto a file the
 mount shows), and EXDEV for any other rename a batch would have to take
@@ -58,7 +58,7 @@ batch holds). A commit still queued at a renamed regular file moves with it; one
 name a rename or an unlink takes away is kept as a version (``_movable``,
 ``_superseded``); anything else queued there lands first (``settle_below``). A
 hard-linked file is one inode under several paths; its commit is written into that inode
-(workspace.py, ``_write_in_place``). The read records (``reads``, ``read_at``) remember
+(``Landing.write_in_place``). The read records (``reads``, ``read_at``) remember
 what each process read, so that a commit over a version it never saw is a stale write
 (SPEC §6.4; ``path_leaves`` before a path stops naming its file).
 
@@ -68,7 +68,7 @@ Concurrency (trio: tasks interleave only at ``await``):
   ``commit`` run under it, so a stage is never sealed twice nor replaced mid-seal.
   ``drop_virtual`` takes it too. Reads take no lock.
 - ``commit`` awaits the seal (hash, gates), the gates again, a stale read's digest, a
-  refusal's record, ``Batches.hold`` and ``Workspace.submit``. Across each, the inode may
+  refusal's record, ``Batches.hold`` and ``Committer.submit``. Across each, the inode may
   lose its paths (checked after the seal: ``orphan_stage``), be renamed (gated again as
   what it is now), or its batch end (``held`` is read again); a handler of another inode
   or path runs meanwhile.
@@ -88,9 +88,9 @@ Concurrency (trio: tasks interleave only at ``await``):
   submit of the bytes it puts back (``_put_back``).
 - Other locks are taken only through the calls that need them: ``Batch.lock``
   (``batches.py``) serialises a batch's ``hold``, ``unhold``, ``commit`` and ``abort``;
-  ``Workspace.commit_lock`` serialises the committer's groups, a batch's commit, and each
+  ``Committer.commit_lock`` serialises the committer's groups, a batch's commit, and each
   write that keeps an object (a refusal, a stale write's conflict); all but the committer
-  take it through ``Workspace.exclusive``, after the last group's records.
+  take it through ``Committer.exclusive``, after the last group's records.
 - ``committed`` is called by the committer on the loop, with no await, so ``pending``,
   ``stage`` and ``fd`` change together.
 - The read records and ``virtual``/``hidden`` are changed with no await between reading
@@ -118,20 +118,13 @@ from .. import faults
 from ..checks.allowances import Allowance
 from ..journal.objects import EMPTY_DIGEST, copy_fd, open_regular
 from .batches import COMMITTING, Batches
+from .commits import Commit
 from .decision import Facts, Kind, decide
+from .errors import RwfsError
 from .inodes import Inode, InodeTable
-from .workspace import (
-    _LIMIT,
-    Commit,
-    RwfsError,
-    Stage,
-    Workspace,
-    borrowed,
-    copy_metadata,
-    fsdecode,
-    rel,
-    renameat2,
-)
+from .stages import Stage
+from .syscalls import WORKERS, borrowed, copy_metadata, fsdecode, rel, renameat2
+from .workspace import Workspace
 
 # Stale writes: the (process, file) pairs remembered before all are forgotten, and the
 # replaced files whose bytes are held open, so that a process that read one can be told
@@ -290,7 +283,7 @@ class Files:
         holds stays until the batch commits: there is nothing to wait for)."""
         while inode.pending is not None and not inode.pending.held:
             # EIO while the journal cannot record it (the commit stays queued).
-            await self.ws.settle_commit(inode.pending)
+            await self.ws.committer.settle_commit(inode.pending)
 
     def queued(self, path: bytes) -> list[Commit]:
         """The commits at ``path`` or below it that are queued or being applied (not those
@@ -298,7 +291,7 @@ class Files:
         prefix = path + b"/"
         return [
             c
-            for c in self.ws.unsettled()
+            for c in self.ws.committer.unsettled()
             if not c.superseded and (c.path == path or c.path.startswith(prefix))
         ]
 
@@ -309,7 +302,7 @@ class Files:
         if inode is not None:
             await self.settle(inode)  # its commit may not be queued yet
         while busy := self.queued(path):
-            await self.ws.settle_commit(busy[0])
+            await self.ws.committer.settle_commit(busy[0])
 
     def committed(self, c: Commit) -> None:
         """Called by the committer (on the loop) once a queued commit is settled."""
@@ -373,7 +366,7 @@ class Files:
         if inode.stage is not c.stage or inode.handles == 0 or inode.paths:
             if inode.stage is c.stage:
                 inode.stage = None
-            self.ws.drop_stage(c.stage)  # (its name in staging/: the object stays)
+            self.ws.stages.drop(c.stage)  # (its name in staging/: the object stays)
         self.release_fd(inode)
 
     def _unvirtual(self, inode: Inode, outcome: str) -> None:
@@ -462,7 +455,7 @@ class Files:
                 held = inode.pending
                 if held is not None and held.held:
                     # A draft an open batch holds: build on it, against the batch's base.
-                    inode.stage = await self.ws.new_stage(held.stage.fd, truncate)
+                    inode.stage = await self.ws.stages.new(held.stage.fd, truncate)
                     inode.stage.expected = held.stage.expected
                     continue
                 if held is not None and held.intended is not None and held.stage.fd >= 0:
@@ -470,7 +463,7 @@ class Files:
                     # instead of waiting for its group. It lands first (the queue is in
                     # order), then this one replaces it; recovery knows the chain.
                     source = held.stage.fd
-                    inode.stage = await self.ws.new_stage(source, truncate, held.intended)
+                    inode.stage = await self.ws.stages.new(source, truncate, held.intended)
                     continue
                 if held is not None:
                     await self.settle(inode)
@@ -478,18 +471,18 @@ class Files:
                 kept = inode.stage
                 if kept is not None and not inode.paths:
                     # A replaced file's bytes, an object now (``_superseded``): copied.
-                    inode.stage = await self.ws.new_stage(kept.fd, truncate)
-                    self.ws.drop_stage(kept)
+                    inode.stage = await self.ws.stages.new(kept.fd, truncate)
+                    self.ws.stages.drop(kept)
                     continue
                 self.open_backing(inode, writable=False)
-                inode.stage = await self.ws.new_stage(inode.fd, truncate)
+                inode.stage = await self.ws.stages.new(inode.fd, truncate)
 
     def orphan_stage(self, inode: Inode) -> None:
         """Unlinked while open: nothing to commit. The stage holds the file's bytes for the
         descriptors still open (POSIX keeps an unlinked file readable and writable until
         its last close), so only the last release drops it."""
         if inode.handles == 0 and inode.stage is not None:
-            self.ws.drop_stage(inode.stage)
+            self.ws.stages.drop(inode.stage)
             inode.stage = None
 
     @contextlib.contextmanager
@@ -568,13 +561,13 @@ class Files:
                 await self.settle(inode)
                 continue
             path = inode.path
-            kept = await trio.to_thread.run_sync(self._keep_last, path, limiter=_LIMIT)
+            kept = await trio.to_thread.run_sync(self._keep_last, path, limiter=WORKERS)
             # (A writer may have made a stage meanwhile: committed in turn, then again.)
             if inode.stage is None and inode.pending is None and inode.paths:
                 break
         # atomic: from the record to the caller's change in place, no stage can begin.
         for p in sorted(inode.paths):
-            self.ws.record(
+            self.ws.committer.record(
                 {
                     "op": "unjournaled",
                     "path": fsdecode(p),
@@ -590,9 +583,9 @@ class Files:
     def _keep_last(self, path: bytes) -> str | None:
         """In a worker thread: keep the file's bytes at ``path`` (at most
         ``max_journaled_bytes``, holes not copied) as an object; returns their digest."""
-        digest, _ = self.ws.live_digest(path)
+        digest, _ = self.ws.digests.live(path)
         if digest is not None:
-            self.ws.keep_live_copy(path, digest)
+            self.ws.stages.keep_live_copy(path, digest)
         return digest
 
     async def hide(self, path: bytes, inode: Inode | None, who: dict[str, Any]) -> bool:
@@ -620,7 +613,7 @@ class Files:
         else:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
             try:
-                base = await self.ws.digest(fd)
+                base = await self.ws.digests.of(fd)
             finally:
                 os.close(fd)
             await self.batches.hide(batch, path, base, who)
@@ -659,7 +652,7 @@ class Files:
                 await self.settle(inode)
                 st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
         if is_dir:
-            with self.ws.operation(self.journaled(path, None, True), who, "rmdir", path):
+            with self.ws.committer.operation(self.journaled(path, None, True), who, "rmdir", path):
                 os.rmdir(path, dir_fd=self.ws.root_fd)
         else:
             self.path_leaves(path, who["pid"])
@@ -682,7 +675,7 @@ class Files:
             try:
                 mode = stat.S_IMODE(st.st_mode)  # of the file removed: undo, restore use it
                 extra["owner"] = [st.st_uid, st.st_gid]  # and .rw/ shows its versions with it
-                with self.ws.operation(
+                with self.ws.committer.operation(
                     journaled, who, "unlink", path, incoming, mode=mode, **extra
                 ):
                     os.unlink(path, dir_fd=self.ws.root_fd)
@@ -757,8 +750,10 @@ class Files:
                 # journaled before the rename with the name the rename gave. It lands
                 # first, so that its names are those of its place in the journal. (No
                 # await from here to the syscall for a directory.)
-                if linked := [c for c in self.ws.unsettled() if c.linked and not c.superseded]:
-                    await self.ws.settle_commit(linked[0])
+                if linked := [
+                    c for c in self.ws.committer.unsettled() if c.linked and not c.superseded
+                ]:
+                    await self.ws.committer.settle_commit(linked[0])
                     continue
                 if not batch_waited and any(
                     b.state == COMMITTING for b in self.batches.all.values()
@@ -767,7 +762,7 @@ class Files:
                     # place in its thread, under commit_lock, and journals their names
                     # ahead of this rename's event: once, it ends first.
                     batch_waited = True
-                    async with self.ws.commit_lock:
+                    async with self.ws.committer.commit_lock:
                         pass
                     continue
             if (
@@ -843,7 +838,7 @@ class Files:
             # journal there, whose model would otherwise keep files removed untold.
             extra["untracked"] = True
         try:
-            with self.ws.operation(
+            with self.ws.committer.operation(
                 journaled,
                 who,
                 "rename",
@@ -928,7 +923,7 @@ class Files:
         """The commits queued at ``path`` if a rename can move its file (or, for the name a
         rename replaces, replace it) without waiting for them: [] if none is queued; None
         if they must land first (a directory's, a hard-linked file's, an exchange, ones a
-        group has taken: ``Workspace.movable``). ``dst_st``: the file a moved one replaces,
+        group has taken: ``Committer.movable``). ``dst_st``: the file a moved one replaces,
         whose bytes must be kept without an await (not hard-linked)."""
         busy = self.queued(path)
         inode = self.inodes.by_path.get(path)
@@ -955,7 +950,7 @@ class Files:
                 and not c.held
                 and c.intended is not None
                 and c.stage.fd >= 0
-                and self.ws.movable(c)
+                and self.ws.committer.movable(c)
             ):
                 return None
         return busy
@@ -975,7 +970,9 @@ class Files:
         written in place, unjournaled, as ``fs._in_place`` says)."""
         if inode.paths:
             return
-        names = await trio.to_thread.run_sync(self.ws.other_names, path, st, (), limiter=_LIMIT)
+        names = await trio.to_thread.run_sync(
+            self.ws.links.other_names, path, st, (), limiter=WORKERS
+        )
         for p in names:
             if p not in self.inodes.by_path:
                 inode.paths.add(p)
@@ -1008,7 +1005,7 @@ class Files:
                     fd = -1
                 if fd >= 0:
                     try:
-                        digest = await self.ws.digest(fd)
+                        digest = await self.ws.digests.of(fd)
                     finally:
                         os.close(fd)
             # No commit of the file may be queued across the link: it would be journaled
@@ -1018,7 +1015,7 @@ class Files:
                 raise _refused(errno.EXDEV)
             if src.pending is None:
                 break
-        with self.ws.operation(
+        with self.ws.committer.operation(
             journaled, who, "link", path, source=fsdecode(src.path), intended=digest
         ):
             os.link(
@@ -1047,7 +1044,7 @@ class Files:
         if batch is None or not (path in self.hidden or not _exists(self.ws.root_fd, path)):
             return None
         self.hidden.discard(path)
-        stage = await self.ws.empty_stage(mode, *owner)
+        stage = await self.ws.stages.empty(mode, *owner)
         inode = self.inodes.add_virtual(path)
         inode.stage = stage
         inode.lookups += 1
@@ -1116,7 +1113,7 @@ class Files:
         elif real is not None:
             fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.ws.root_fd)
             try:
-                base = await self.ws.digest(fd)
+                base = await self.ws.digests.of(fd)
             finally:
                 os.close(fd)
         if shown:
@@ -1166,14 +1163,14 @@ class Files:
             fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.ws.root_fd)
         try:
             old_fd = old_held.stage.fd if old_held is not None else fd
-            findings = await self.ws.run_gates(dst, old_fd, held.stage.fd)
-            findings, allowance = self.ws.let_through(dst, who, findings)
+            findings = await self.ws.gating.run(dst, old_fd, held.stage.fd)
+            findings, allowance = self.ws.gating.let_through(dst, who, findings)
             if allowance is not None:  # (the batch's change of dst, from now on)
                 held.info["allowed"] = allowance.record()
             if any(f.action == "reject" for f in findings):
                 shown = old_held.intended if old_held is not None else base
                 with borrowed(held.stage.fd) as (new_fd,):
-                    raise await self.ws.refuse(
+                    raise await self.ws.refusals.refuse(
                         dst, new_fd, shown, str(held.intended), findings, who
                     )
         finally:
@@ -1209,15 +1206,20 @@ class Files:
             cut = None
         new_fd = shown(src_fd, src)
         try:
-            if cut is not None and await self.ws.digest(new_fd) == cut.intended:
+            if cut is not None and await self.ws.digests.of(new_fd) == cut.intended:
                 cut = None  # the bytes the cut left again (sed -i of the empty file): no edit
             old_fd = os.dup(cut.fd) if cut is not None else shown(dst_fd, dst)
             try:
-                findings = await self.ws.run_gates(dst, old_fd, new_fd)
-                findings, taken = self.ws.let_through(dst, who, findings, taken)
+                findings = await self.ws.gating.run(dst, old_fd, new_fd)
+                findings, taken = self.ws.gating.let_through(dst, who, findings, taken)
                 if any(f.action == "reject" for f in findings):
-                    expected, intended = await self.ws.digest(old_fd), await self.ws.digest(new_fd)
-                    err = await self.ws.refuse(dst, new_fd, expected, intended, findings, who)
+                    expected, intended = (
+                        await self.ws.digests.of(old_fd),
+                        await self.ws.digests.of(new_fd),
+                    )
+                    err = await self.ws.refusals.refuse(
+                        dst, new_fd, expected, intended, findings, who
+                    )
                     # The writer names its temporary (sed: "cannot rename sedX: Bad
                     # message"): why/ has the envelope under that name too.
                     err.envelope["source"] = fsdecode(src)
@@ -1284,7 +1286,9 @@ class Files:
             base_fd = -1  # nothing to read: judged as a new file (and sealed on the loop)
         if removed is not None and stage.written:  # judged against the file the save removed
             base_fd, gate = removed, True
-        intended, size, findings = await self.ws.seal(stage, (gated, base_fd) if gate else None)
+        intended, size, findings = await self.ws.stages.seal(
+            stage, (gated, base_fd) if gate else None
+        )
         if not inode.paths:  # unlinked during the seal
             stage.sealed = False
             self.orphan_stage(inode)
@@ -1304,13 +1308,13 @@ class Files:
             kind = decide(Facts(intended, stage.expected, drafted)).kind
             if kind in (Kind.DRAFT_AGAIN, Kind.BASE_AGAIN):
                 assert held is not None
-                self.ws.drop_stage(stage)
+                self.ws.stages.drop(stage)
                 inode.stage = held.stage
                 if kind is Kind.BASE_AGAIN:
                     await self.batches.unhold(self.batches.all[str(held.batch)], path)
                 return
             if kind is Kind.NOOP:
-                self.ws.drop_stage(stage)
+                self.ws.stages.drop(stage)
                 inode.stage = self.beneath(inode)
                 # A write all the same: mtime moves where it shows (atime does not: no read).
                 if inode.stage is not None:
@@ -1320,7 +1324,7 @@ class Files:
                     kw: dict[str, Any] = {"dir_fd": self.ws.root_fd, "follow_symlinks": False}
                     kept = os.stat(rel(path), **kw).st_atime_ns
                     os.utime(rel(path), ns=(kept, time.time_ns()), **kw)
-                self.ws.record(
+                self.ws.committer.record(
                     {
                         "op": "noop",
                         "path": fsdecode(path),
@@ -1335,14 +1339,14 @@ class Files:
             if stage.written and (path != gated or held is not held_before):
                 # Renamed during the seal, or the batch ended meanwhile: gate it as what it
                 # is now, against what the mount shows now.
-                findings = await self.ws.run_gates(path, judged, stage.fd, stage.cut_last)
+                findings = await self.ws.gating.run(path, judged, stage.fd, stage.cut_last)
             # The writer's allowance of this path, if it has one, is used up here and waives
             # what it may (allowances.py). Within a batch it goes with the batch's change. Not
             # by a truncation alone, never judged: it waits for the write after it, which is
             # judged against the bytes from before the cut (``_cut_before``).
             allowance = None
             if stage.written:
-                findings, allowance = self.ws.let_through(path, ctx_info, findings)
+                findings, allowance = self.ws.gating.let_through(path, ctx_info, findings)
             if allowance is None and held is not None and "allowed" in held.info:
                 allowance_record: dict[str, Any] | None = held.info["allowed"]
             else:
@@ -1366,8 +1370,10 @@ class Files:
                 put_back = removed is not None and held is None
                 if put_back:
                     assert removed is not None
-                    shown = await self.ws.digest(removed)
-                err = await self.ws.refuse(path, stage.fd, shown, intended, findings, ctx_info)
+                    shown = await self.ws.digests.of(removed)
+                err = await self.ws.refusals.refuse(
+                    path, stage.fd, shown, intended, findings, ctx_info
+                )
                 await self._unstage(inode, held, stage)
                 if put_back:
                     assert removed is not None and shown is not None
@@ -1390,7 +1396,7 @@ class Files:
                 info["allowed"] = allowance_record
             if decision.kind is Kind.CONFLICT:
                 with borrowed(read_fd) as (rfd,):  # eviction may close the original
-                    err = await self.ws.stale_conflict(
+                    err = await self.ws.refusals.stale_conflict(
                         path,
                         stage,
                         intended,
@@ -1444,17 +1450,17 @@ class Files:
                 remembered = await self._keep_cut(path, commit, judged, ctx_info)
             before, inode.pending = inode.pending, commit
             try:
-                await self.ws.submit(commit, wait)
+                await self.ws.committer.submit(commit, wait)
             except BaseException:
                 if remembered is not None:
                     self._drop_cut(path)
                 # Refused before the committer took it (e.g. the journal is unavailable):
                 # nothing was written, so the stage goes and the file reads as before.
-                if inode.pending is commit and not self.ws.is_queued(commit):
+                if inode.pending is commit and not self.ws.committer.is_queued(commit):
                     inode.pending = before if before is not None and not before.settled else None
                     if inode.stage is stage:
                         inode.stage = self.beneath(inode)
-                    self.ws.drop_stage(stage)
+                    self.ws.stages.drop(stage)
                     self.kernel.invalidate(inode)
                     if allowance is not None:
                         self.ws.allowances.give_back(allowance)
@@ -1538,7 +1544,7 @@ class Files:
 
             try:
                 with borrowed(base_fd) as (src,):
-                    fd = await trio.to_thread.run_sync(copy, src, limiter=_LIMIT)
+                    fd = await trio.to_thread.run_sync(copy, src, limiter=WORKERS)
             except OSError:
                 return None  # (no O_TMPFILE, no room: judged as ever)
         else:
@@ -1664,7 +1670,7 @@ class Files:
         it back with the save); it is no success of the writer's, so ``why/`` keeps the
         refusal."""
         with borrowed(removed) as (fd,):
-            stage = await self.ws.new_stage(fd, truncate=False)
+            stage = await self.ws.stages.new(fd, truncate=False)
         stage.expected = expected
         stage.sealed = True
         size = os.fstat(stage.fd).st_size
@@ -1677,7 +1683,7 @@ class Files:
         commit.linked = bool(commit.aliases) or _nlink(self.ws.root_fd, inode) > 1
         self._new_version(inode, expected, digest, who)
         inode.stage, inode.pending = stage, commit
-        await self.ws.submit(commit, wait=False)
+        await self.ws.committer.submit(commit, wait=False)
 
     def shown_fd(self, path: bytes) -> int:
         """A descriptor of what the mount shows at ``path`` when the tree does not hold it
@@ -1716,12 +1722,12 @@ class Files:
         and holds no draft of yet, an empty file (as a refused first write leaves a new
         file outside a batch)."""
         st = os.fstat(stage.fd)
-        self.ws.drop_stage(stage)
+        self.ws.stages.drop(stage)
         if held is not None:
             inode.stage = held.stage
         elif inode.virtual and inode.paths:
             # Unsealed: the last release commits it, so the batch holds the empty file.
-            inode.stage = await self.ws.empty_stage(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+            inode.stage = await self.ws.stages.empty(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
         else:
             inode.stage = self.beneath(inode)
 
@@ -1758,7 +1764,7 @@ class Files:
         if read is None and gone is not None:
             if gone.digest is None and gone.fd >= 0:
                 try:
-                    gone.digest = await self.ws.digest(gone.fd)  # off the loop
+                    gone.digest = await self.ws.digests.of(gone.fd)  # off the loop
                 except OSError:
                     pass
             read = gone.digest

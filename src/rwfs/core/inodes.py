@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from .workspace import Commit, Stage
+    from .commits import Commit
+    from .stages import Stage
 
 ROOT = 1
 HIGH = 1 << 62  # numbers the table counts for tree files (module docstring)

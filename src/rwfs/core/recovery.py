@@ -29,15 +29,11 @@ from ..journal.objects import digest_fd
 from ..journal.store import JournalUnavailable, Txn, u64
 from .batches import Batches, is_explicit
 from .batches import recover as recover_batches
-from .workspace import (
-    Commit,
-    Stage,
-    TooLarge,
-    Workspace,
-    record_commit,
-    record_event,
-    syncfs,
-)
+from .commits import Commit, record_commit, record_event
+from .errors import TooLarge
+from .stages import Stage
+from .syscalls import syncfs
+from .workspace import Workspace
 
 
 def recover(
@@ -299,7 +295,7 @@ def _apply(ws: Workspace, txn: Txn, rec: dict[str, Any]) -> None:
     ev = dict(rec["event"], recovered=True)
     if ev["op"] == "rename" and not ev.get("exchange") and "intended" not in ev:
         try:
-            ev["intended"] = ws.live_digest(os.fsencode(ev["dest"]))[0]
+            ev["intended"] = ws.digests.live(os.fsencode(ev["dest"]))[0]
         except TooLarge:  # (past max_journaled_bytes: not hashed)
             ev["intended"] = None
     if rec.get("incoming"):
@@ -361,7 +357,7 @@ def _settle(ws: Workspace, receipt: dict[str, Any], chain: Chain = ({}, 0)) -> s
     ``chain``: its place among the receipts of its path that built on each other."""
     path = os.fsencode(receipt["path"])
     try:
-        live, st = ws.live_digest(path)
+        live, st = ws.digests.live(path)
     except OSError as exc:
         print(
             f"rwfs: recovery: {receipt['path']}: cannot read ({exc.strerror}); left pending",
@@ -390,9 +386,9 @@ def _settle(ws: Workspace, receipt: dict[str, Any], chain: Chain = ({}, 0)) -> s
     if (live == receipt["intended"] or later) and not special:
         c.outcome = "landed"
         c.info["kept"] = ws.objects.exists(receipt["expected"])
-        ws.landed_links(c, st)
+        ws.links.landed(c, st)
         if stage_fd is not None:
-            ws.drop_stage(stage)
+            ws.stages.drop(stage)
         result = "committed"
     elif (
         live == receipt["expected"]
@@ -402,7 +398,7 @@ def _settle(ws: Workspace, receipt: dict[str, Any], chain: Chain = ({}, 0)) -> s
         and _holds(stage_fd, c.intended)
     ):
         os.fsync(stage_fd)  # a stage is durable before it is renamed into place
-        ws._replace(c)
+        ws.landing.replace(c)
         syncfs(ws.root_fd)
         result = {"committed": "performed", "landed": "committed"}.get(c.outcome, c.outcome)
         if c.outcome == "error":
@@ -415,12 +411,12 @@ def _settle(ws: Workspace, receipt: dict[str, Any], chain: Chain = ({}, 0)) -> s
         and c.intended is not None
         and _holds(stage_fd, c.intended)
     ):
-        # A copy into a hard-linked file (workspace._write_in_place) that the crash cut
+        # A copy into a hard-linked file (Landing.write_in_place) that the crash cut
         # short: the file holds neither digest, and the synced stage holds what the
         # writer was told it wrote. Its old bytes were kept before the copy began.
         c.info["kept"] = ws.objects.exists(receipt["expected"])
         with beneath.parent(ws.root_fd, c.path) as (d, name):
-            ws._write_in_place(c, st, d, name)
+            ws.landing.write_in_place(c, st, d, name)
         syncfs(ws.root_fd)
         result = "performed"
     elif live == receipt["expected"] and not special:
@@ -436,10 +432,10 @@ def _settle(ws: Workspace, receipt: dict[str, Any], chain: Chain = ({}, 0)) -> s
         c.outcome = "conflict"
         c.info["actual"] = live
         if stage_fd is not None:
-            ws._keep_intended(c)
+            ws.landing.keep_intended(c)
         result = "conflicts"
     if c.discard:  # its bytes are kept (a conflict, a type swap): the stage goes
-        ws.drop_stage(stage)
+        ws.stages.drop(stage)
         stage_fd = None
     if result == "pending":
         if stage_fd is not None:
@@ -469,7 +465,7 @@ def _settle_superseded(ws: Workspace, c: Commit, stage_fd: int | None) -> str:
         ws.objects.keep_link(ws.staging_fd, c.stage.name, str(c.intended))
     c.outcome = "landed"
     if stage_fd is not None:
-        ws.drop_stage(c.stage)
+        ws.stages.drop(c.stage)
     ws.store.write(record_commit, c)
     return "committed"
 
@@ -529,12 +525,12 @@ def _repair_index(ws: Workspace, summary: dict[str, int], say: Callable[[str], N
         if want is None or ws.policy.is_passthrough(name):
             continue
         try:
-            have, st = ws.live_digest(name)
+            have, st = ws.digests.live(name)
         except (OSError, TooLarge):
             continue
         if have is None or have == want or st is None or st.st_nlink < 2:
             continue
-        if any(paths.get(p, {}).get("digest") == have for p in ws.other_names(name, st)):
+        if any(paths.get(p, {}).get("digest") == have for p in ws.links.other_names(name, st)):
             relinks.append((name, want, have, st))
 
     def repair(txn: Txn) -> None:

@@ -17,7 +17,7 @@ import stat
 from typing import Any
 
 from .. import beneath
-from .workspace import RwfsError, escaped
+from .errors import RwfsError, escaped
 
 
 def _ids(who: dict[str, Any]) -> tuple[int, set[int]] | None:

@@ -17,7 +17,10 @@ from typing import Any
 import trio
 
 from ..core import rights
-from ..core.workspace import _LIMIT, Commit, RwfsError, Workspace, conflict_error
+from ..core.commits import Commit
+from ..core.errors import RwfsError, conflict_error
+from ..core.syscalls import WORKERS
+from ..core.workspace import Workspace
 from ..journal.objects import open_regular
 
 VERBS = ("keep-actual", "take-intended", "resolved")
@@ -125,7 +128,7 @@ async def resolve(ws: Workspace, cid: int, verb: str, who: dict[str, Any]) -> No
         await _take_intended(ws, info)
     # The file's bytes now are the ones the journal accepts for it (the other version's,
     # the intended ones, or a merge made by hand).
-    now = (await trio.to_thread.run_sync(ws.live_digest, path, limiter=_LIMIT))[0]
+    now = (await trio.to_thread.run_sync(ws.digests.live, path, limiter=WORKERS))[0]
 
     def settle(txn: Any) -> None:
         txn.put_conflict({**info, "state": "resolved", "resolution": verb})
@@ -142,26 +145,26 @@ async def resolve(ws: Workspace, cid: int, verb: str, who: dict[str, Any]) -> No
         )
         txn.set_path(path, now, lsn)
 
-    await trio.to_thread.run_sync(ws.store.write, settle, limiter=_LIMIT)
+    await trio.to_thread.run_sync(ws.store.write, settle, limiter=WORKERS)
 
 
 async def _take_intended(ws: Workspace, info: dict[str, Any]) -> None:
     path = os.fsencode(info["path"])
-    await ws.sync()  # the actual bytes may be a commit still queued: the tree first
+    await ws.committer.sync()  # the actual bytes may be a commit still queued: the tree first
 
     def stage() -> Any:
-        live, _ = ws.live_digest(path)
+        live, _ = ws.digests.live(path)
         if live != info["actual"]:
             return None
         fd = ws.objects.open(info["intended"])
         try:
-            s = ws._new_stage(fd, truncate=False)
+            s = ws.stages.make(fd, truncate=False)
         finally:
             os.close(fd)
         s.expected = info["actual"]
         return s
 
-    s = await trio.to_thread.run_sync(stage, limiter=_LIMIT)
+    s = await trio.to_thread.run_sync(stage, limiter=WORKERS)
     if s is None:
         raise RwfsError(
             errno.ESTALE,
@@ -174,6 +177,6 @@ async def _take_intended(ws: Workspace, info: dict[str, Any]) -> None:
         )
     size = os.fstat(s.fd).st_size
     c = Commit(path, s, info["intended"], size, {"resolution": "take-intended"})
-    await ws.submit(c, wait=True)
+    await ws.committer.submit(c, wait=True)
     if c.outcome not in ("committed", "landed"):
         raise conflict_error(c)

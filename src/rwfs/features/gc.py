@@ -17,7 +17,7 @@ filesystem shares extents (XFS, Btrfs: a stage is a reflink of the file), a vers
 large file costs the blocks a change gave it, not its size.
 
 Whoever keeps an object and journals what refers to it does both under
-``Workspace.commit_lock`` (``Workspace.exclusive``). The daemon's collection
+``Committer.commit_lock`` (``Committer.exclusive``). The daemon's collection
 (``Retention``) lists the store and measures the tree outside that lock, in a worker
 thread, and decides there too, from the journal as it stands at an LSN (``plan``: it reads
 every path's timeline, which takes seconds on a large journal). Then, under the lock,
@@ -505,7 +505,7 @@ class Retention:
     def stuck(self) -> bool:
         """Whether the journal cannot commit and the disk has no room (its pages need
         some) while versions could still go."""
-        if self.ws.journal_ok or not (self.spare or self.added()):
+        if self.ws.journal.ok or not (self.spare or self.added()):
             return False
         st = os.fstatvfs(self.ws.state_fd)
         return st.f_bavail * st.f_frsize < max(st.f_blocks * st.f_frsize // 64, 1 << 20)
@@ -561,7 +561,7 @@ class Retention:
             tree = await trio.to_thread.run_sync(tree_bytes, self.ws.root_fd)
             goal = short_of_room(self.ws.state_fd, self.ws.policy) if reason else 0
             at = self.ws.store.meta_int(b"lsn")  # (what the plan reads is at least this)
-            spare = frozenset(self.ws.unrecorded_digests())
+            spare = frozenset(self.ws.committer.unrecorded_digests())
 
             def decide(spare: frozenset[str]) -> Plan:
                 args = (self.ws.store, self.history, self.ws.policy, found, time.time(), tree)
@@ -574,21 +574,21 @@ class Retention:
                 # What became needed while it decided (a busy writer's thousands of events
                 # at a large journal), read without the lock too: under it, only the rest.
                 since, at = at, self.ws.store.meta_int(b"lsn")
-                spare = frozenset(self.ws.unrecorded_digests())
+                spare = frozenset(self.ws.committer.unrecorded_digests())
                 store = self.ws.store
                 planned = await trio.to_thread.run_sync(
                     confirm, store, planned, found, since, spare
                 )
-            async with self.ws.exclusive():
-                await self.ws.flush_locked()  # every reference to an object is journaled
-                if not self.ws.journal_ok:
+            async with self.ws.committer.exclusive():
+                await self.ws.committer.flush_locked()  # every reference to an object is journaled
+                if not self.ws.journal.ok:
                     # Not journaled yet: a queued commit's kept bytes would look unreferenced.
                     if reason is None:
-                        raise self.ws.journal_queued(b"")
+                        raise self.ws.journal.still_queued(b"")
                     # (Looked at again once more is kept, or when the journal has no room.)
                     self.kept, self.added_at, self.last = sum(found.values()), added_at, time.time()
                     return {"objects": len(found), "removed": 0, "freed_bytes": 0}
-                spare = frozenset(self.ws.unrecorded_digests())
+                spare = frozenset(self.ws.committer.unrecorded_digests())
 
                 def finish() -> Plan:
                     if planned is None:
@@ -622,8 +622,8 @@ class Retention:
         async with self.lock:
             added_at = objects.added
             found = await trio.to_thread.run_sync(survey, objects)
-            async with self.ws.exclusive():
-                spare = frozenset(self.ws.unrecorded_digests())
+            async with self.ws.committer.exclusive():
+                spare = frozenset(self.ws.committer.unrecorded_digests())
                 st = os.fstatvfs(self.ws.state_fd)
                 # What the write needs is not known: room for it and for the journal's
                 # pages after it (a 64th of the disk, at least 2 MiB).

@@ -29,21 +29,13 @@ from ..checks import parsers
 from ..control.nodes import CDir, CFile, CNode
 from ..control.tree import Control
 from ..core.batches import Batches
+from ..core.commits import Commit
+from ..core.errors import RwfsError, TooLarge, escaped, journal_unavailable, too_large
 from ..core.files import Files
 from ..core.inodes import ROOT, Inode, InodeTable
-from ..core.workspace import (
-    Commit,
-    RwfsError,
-    Stage,
-    TooLarge,
-    Workspace,
-    borrowed,
-    escaped,
-    fsdecode,
-    journal_unavailable,
-    rel,
-    too_large,
-)
+from ..core.stages import Stage
+from ..core.syscalls import borrowed, fsdecode, rel
+from ..core.workspace import Workspace
 from ..journal.objects import EMPTY_DIGEST
 from ..journal.store import JournalUnavailable
 from . import kernelflags, notice
@@ -357,8 +349,8 @@ class Operations(pyfuse3.Operations):
         # reads a stale write is judged by) is the core's; this layer only translates.
         self.kernel = KernelCache(self.inodes)
         self.files = Files(ws, batches, self.inodes, self.kernel)
-        ws.on_committed = self.files.committed
-        ws.on_recorded = self._recorded
+        ws.committer.on_committed = self.files.committed
+        ws.committer.on_recorded = self._recorded
         self.files.on_written = self._written
         self.control.virtual = self.files.virtual.__contains__
         ws.on_gone = self.files.gone
@@ -386,7 +378,7 @@ class Operations(pyfuse3.Operations):
                 if i is None or i.virtual or i.unlinked or not i.paths:
                     break
                 if i.stage is None and i.pending is None:
-                    await trio.to_thread.run_sync(self.ws.prime, i.path)
+                    await trio.to_thread.run_sync(self.ws.gating.prime, i.path)
                     break
                 await trio.sleep(PRIME_AFTER_IDLE)
 
@@ -507,10 +499,10 @@ class Operations(pyfuse3.Operations):
     async def _render(self, node: CFile) -> tuple[bytes, int]:
         """A generated control file's bytes now, and since when it has held them."""
         if node.settle:
-            await self.ws.sync()
+            await self.ws.committer.sync()
         elif node.fresh:
             with contextlib.suppress(RwfsError):  # a failing journal: show what there is
-                await self.ws.sync()
+                await self.ws.committer.sync()
         if node.shows is not None and node.render_shown is not None:
             render_shown = node.render_shown
             with borrowed(self.files.shown_fd(node.shows)) as (fd,):
@@ -592,7 +584,7 @@ class Operations(pyfuse3.Operations):
         node = self.control.get(parent_inode)
         if node is not None:
             if isinstance(node, CDir) and node.settle:
-                await self.ws.sync()
+                await self.ws.committer.sync()
             child = self.control.child(node, name) if isinstance(node, CDir) else None
             if child is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
@@ -704,7 +696,7 @@ class Operations(pyfuse3.Operations):
             if "owner" in changed:  # .rw/ shows the file's versions with it (history.py)
                 now = self._stat(i)
                 extra["owner"] = [now.st_uid, now.st_gid]
-            self.ws.record(self._event(ctx, "setattr", path, extra))
+            self.ws.committer.record(self._event(ctx, "setattr", path, extra))
         return self._attr(inode, self._stat(i))
 
     @_guard()
@@ -776,7 +768,7 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
         journaled, kind = self.files.journaled(path), stat.filemode(mode)[0]
-        with self.ws.operation(
+        with self.ws.committer.operation(
             journaled, self._who(ctx), "create", path, type=kind, owner=self._made_owner(path, ctx)
         ):
             os.mknod(path, mode & ~ctx.umask, rdev, dir_fd=self.ws.root_fd)
@@ -795,7 +787,7 @@ class Operations(pyfuse3.Operations):
             return self._control_attr(child)
         path = self._parent_path(parent_inode, name)
         journaled = self.files.journaled(path, None, True)
-        with self.ws.operation(journaled, self._who(ctx), "mkdir", path):
+        with self.ws.committer.operation(journaled, self._who(ctx), "mkdir", path):
             os.mkdir(path, mode & ~ctx.umask, dir_fd=self.ws.root_fd)
         batch = self.batches.for_writer(self._who(ctx)) if journaled else None
         if batch is not None:
@@ -807,7 +799,7 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, target: bytes, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         path = self._parent_path(parent_inode, name)
-        with self.ws.operation(
+        with self.ws.committer.operation(
             self.files.journaled(path), self._who(ctx), "symlink", path, target=fsdecode(target)
         ):
             os.symlink(target, path, dir_fd=self.ws.root_fd)
@@ -965,7 +957,7 @@ class Operations(pyfuse3.Operations):
         how = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         created, fd = False, -1
         try:
-            with self.ws.operation(
+            with self.ws.committer.operation(
                 self.files.journaled(path),
                 who,
                 "create",
@@ -1144,7 +1136,7 @@ class Operations(pyfuse3.Operations):
     async def _removed_on_full_disk(self) -> None:
         """A removal went through on a full disk with the reserve's room: it frees its
         file's space now (once journaled), and the reserve is made again."""
-        await self.ws.flush()
+        await self.ws.committer.flush()
         await self._reclaim()
 
     # ---- requests pyfuse3 has no method for (kernelflags.serve) ----
@@ -1281,7 +1273,7 @@ class Operations(pyfuse3.Operations):
         if node is not None:
             assert isinstance(node, CDir)
             if node.settle:
-                await self.ws.sync()
+                await self.ws.committer.sync()
             return self._fh(DirHandle(None, self.control.listing(node), node=node))
         i = self._inode(inode)
         # The kernel keeps the listing (CACHE_DIR) until the directory changes: through the
@@ -1313,7 +1305,7 @@ class Operations(pyfuse3.Operations):
         if node is not None:
             assert isinstance(node, CDir)
             if node.settle:
-                await self.ws.sync()
+                await self.ws.committer.sync()
             h = DirHandle(None, self.control.listing(node), node=node)
         else:
             h = self._dir_handle(self._inode(ino))
@@ -1439,7 +1431,7 @@ class Operations(pyfuse3.Operations):
                 return
             fd = self._dir_handle(self._inode(ino)).fd  # -1: removed, nothing to sync
             try:
-                await self.ws.sync()
+                await self.ws.committer.sync()
                 if fd >= 0:
                     await trio.to_thread.run_sync(os.fsync, fd)
             finally:
@@ -1448,7 +1440,7 @@ class Operations(pyfuse3.Operations):
             return
         h = self.handles[fh]
         if isinstance(h, DirHandle) and h.fd >= 0:
-            await self.ws.sync()
+            await self.ws.committer.sync()
             await trio.to_thread.run_sync(os.fsync, h.fd)
 
     # ---- the rest ----
