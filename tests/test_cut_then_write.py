@@ -1,6 +1,6 @@
 """An explicit truncation opens no way around the gates, through a real mount: a truncation
 alone (``truncate -s N f``, ``ftruncate`` then ``close``) is a deliberate cut and is never
-refused, but a write of the same user's that follows it within ``files.RECREATE_S`` is
+refused, but a write of the same user's that follows it within ``baselines.RECREATE_S`` is
 judged against the bytes from before the truncation, as it would be within one open
 (``ftruncate`` then ``write``), and a refusal puts those bytes back, as for a save by
 removal and re-creation (docs/gates.md)."""
@@ -241,7 +241,7 @@ def test_past_the_window_a_write_is_judged_against_what_the_truncation_left(
 ) -> None:
     """The window is RECREATE_S, the one of a save by re-creation (decided: a write that
     long after the truncation is a write of the file as it is)."""
-    from rwfs.core.files import RECREATE_S
+    from rwfs.core.baselines import RECREATE_S
 
     (mount.path / "cut.txt").write_text(CUT)
     f = mount.path / "decoder.py"

@@ -307,7 +307,7 @@ def test_a_batchs_new_file_is_virtual_until_the_batch_commits(tree: Path, run: R
         dropped = await create(b"dropped.txt", b"dropped\n")
         seen["held"] = sorted(batch.held)
         seen["in_tree"] = sorted(os.listdir(tree))
-        await core.files.drop_virtual(dropped, WHO)  # unlink of the batch's new file
+        await core.files.names.drop_virtual(dropped, WHO)  # unlink of the batch's new file
         seen["after_drop"] = sorted(batch.held)
         seen["virtual"] = sorted(core.files.virtual)
         await core.batches.commit(batch)
@@ -331,16 +331,16 @@ def test_an_unlink_a_batch_takes_hides_the_file_until_the_batch_commits(
     seen: dict[str, Any] = {}
 
     async def body(core: Core) -> None:
-        outside = await core.files.hide(b"other.txt", core.inode("other.txt"), WHO)
+        outside = await core.files.names.hide(b"other.txt", core.inode("other.txt"), WHO)
         seen["outside"] = (outside, sorted(core.files.hidden))
         batch = await core.batches.open(b"rm", WHO)
         i = core.inode("gone.txt")
-        seen["hidden"] = await core.files.hide(b"gone.txt", i, WHO)
+        seen["hidden"] = await core.files.names.hide(b"gone.txt", i, WHO)
         seen["view"] = (sorted(core.files.hidden), b"gone.txt" in core.inodes.by_path)
         seen["entry"] = batch.held[b"gone.txt"].intended
         seen["in_tree"] = (tree / "gone.txt").exists()
         # Any rename a batch would have to take is EXDEV (mv copies instead).
-        seen["rename"] = core.files.batch_rename(b"other.txt", b"moved.txt", WHO)
+        seen["rename"] = core.files.names.batch_rename(b"other.txt", b"moved.txt", WHO)
         await core.batches.commit(batch)
         seen["after"] = sorted(core.files.hidden)
 
@@ -367,7 +367,7 @@ def test_a_run_sessions_batch_commits_its_changes_as_the_sessions(tree: Path, ru
     async def body(core: Core) -> None:
         batch = await core.batches.open(b"run-7-review", WHO)
         batch.record["scope"] = {"kind": "run", "session": "run-7"}
-        assert await core.files.hide(b"gone.txt", core.inode("gone.txt"), rm)
+        assert await core.files.names.hide(b"gone.txt", core.inode("gone.txt"), rm)
         i = core.inode("kept.txt")
         await core.write(i, b"mine\n")
         await core.files.commit(i, {**rm, "comm": "sh"})  # the session's: the batch's now
@@ -393,7 +393,7 @@ def test_a_hard_linked_file_is_committed_into_its_inode_and_journaled_for_both_n
 
     async def body(core: Core) -> None:
         a = core.inode("a.txt")
-        await core.files.link(a, b"d/b.txt", WHO)
+        await core.files.names.link(a, b"d/b.txt", WHO)
         b = core.inode("d/b.txt")
         seen["same"] = a is b  # one file, one inode: found by the backing key
         await core.write(b, b"two\n")
@@ -424,7 +424,7 @@ def test_a_stale_write_refused_while_the_change_it_lost_lands(tree: Path, run: R
     async def body(core: Core) -> None:
         core.ws.policy.stale_write = "conflict"
         f = core.inode("f.txt")
-        core.files.opened_to_read(reader["pid"], f)
+        core.files.reads.opened_to_read(reader["pid"], f)
         await core.write(f, b"theirs\n")
         await core.close(f)  # queued, not landed
         assert f.pending is not None and core.ws.committer.is_queued(f.pending)
@@ -465,7 +465,7 @@ def test_a_file_removed_and_made_again_is_gated_against_the_removed_bytes(
 
     async def body(core: Core) -> None:
         core.inode("m.py")
-        await core.files.remove(b"m.py", WHO, is_dir=False)
+        await core.files.names.remove(b"m.py", WHO, is_dir=False)
         (tree / "m.py").write_bytes(b"")  # what create makes: an empty file
         i = core.inode("m.py")
         await core.write(i, b"def f(:\n")
@@ -489,9 +489,9 @@ def test_a_rename_between_two_names_of_one_file_does_nothing(tree: Path, run: Ru
     os.link(tree / "a.txt", tree / "b.txt")
 
     async def body(core: Core) -> None:
-        await core.files.rename(b"a.txt", b"b.txt", 0, WHO)
+        await core.files.renames.rename(b"a.txt", b"b.txt", 0, WHO)
         with pytest.raises(FileExistsError):
-            await core.files.rename(b"a.txt", b"b.txt", 1, WHO)  # RENAME_NOREPLACE
+            await core.files.renames.rename(b"a.txt", b"b.txt", 1, WHO)  # RENAME_NOREPLACE
 
     core = run(tree, body)
     assert sorted(os.listdir(tree)) == [".rw", "a.txt", "b.txt"]
@@ -512,7 +512,7 @@ def test_removing_the_only_known_name_of_a_linked_file_finds_its_other_name(
     async def body(core: Core) -> None:
         i = core.inode("a.txt")
         i.handles += 1  # open
-        await core.files.remove(b"a.txt", WHO, is_dir=False)
+        await core.files.names.remove(b"a.txt", WHO, is_dir=False)
         seen["paths"] = sorted(i.paths)
         await core.write(i, b"two\n")
         i.handles -= 1  # (core.write counted a handle of its own)
@@ -564,7 +564,7 @@ def test_a_save_by_rename_during_its_temporary_files_commit_point_carries_its_by
         t = core.inode(".t")
         core.inode("f.txt")
         await core.write(t, new)
-        await during_its_commit_point(core, t, core.files.rename, b".t", b"f.txt", 0, WHO)
+        await during_its_commit_point(core, t, core.files.renames.rename, b".t", b"f.txt", 0, WHO)
 
     core = run(tree, body)
     assert (tree / "f.txt").read_bytes() == new and not (tree / ".t").exists()
@@ -594,9 +594,11 @@ def test_a_removal_during_a_commit_point_keeps_the_written_bytes_as_a_version(
         core.inode("g.txt")
         await core.write(f, new)
         if how == "unlink":
-            await during_its_commit_point(core, f, core.files.remove, b"f.txt", WHO, False)
+            await during_its_commit_point(core, f, core.files.names.remove, b"f.txt", WHO, False)
         else:
-            await during_its_commit_point(core, f, core.files.rename, b"g.txt", b"f.txt", 0, WHO)
+            await during_its_commit_point(
+                core, f, core.files.renames.rename, b"g.txt", b"f.txt", 0, WHO
+            )
 
     core = run(tree, body)
     digest = "sha256:" + hashlib.sha256(new).hexdigest()

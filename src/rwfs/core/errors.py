@@ -4,6 +4,7 @@ envelopes several modules build."""
 from __future__ import annotations
 
 import errno
+import os
 from typing import TYPE_CHECKING, Any
 
 from .. import beneath
@@ -101,3 +102,8 @@ def type_swap(path: bytes) -> RwfsError:
         "kept as an object.",
         path=fsdecode(path),
     )
+
+
+def refused(code: int) -> OSError:
+    # The FUSE layer answers an OSError with its errno (fs._guard).
+    return OSError(code, os.strerror(code))

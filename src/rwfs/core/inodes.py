@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from .syscalls import rel
+
 if TYPE_CHECKING:
     from .commits import Commit
     from .stages import Stage
@@ -247,3 +249,15 @@ class InodeTable:
             if self.by_path.get(p) is inode:
                 del self.by_path[p]
         inode.paths.clear()
+
+
+def nlink(root_fd: int, inode: Inode) -> int:
+    """How many names the inode's backing file has (1 if it has none in the tree)."""
+    if inode.virtual:
+        return 1
+    try:
+        if inode.fd >= 0:
+            return os.fstat(inode.fd).st_nlink
+        return os.stat(rel(inode.path), dir_fd=root_fd, follow_symlinks=False).st_nlink
+    except OSError:
+        return 1

@@ -811,18 +811,18 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         src = self._inode(inode)
         path = self._parent_path(new_parent_inode, new_name)
-        await self.files.link(src, path, self._who(ctx))
+        await self.files.names.link(src, path, self._who(ctx))
         return self._new_entry(path, ctx)
 
     async def _remove(self, parent_inode: int, name: bytes, ctx: Any, is_dir: bool) -> None:
         path = self._parent_path(parent_inode, name)
         try:
-            await self.files.remove(path, self._who(ctx), is_dir)
+            await self.files.names.remove(path, self._who(ctx), is_dir)
         except OSError as exc:
             # (A removal that fails changes nothing: it can be tried again.)
             if exc.errno != errno.ENOSPC or not await self._room(removal=True):
                 raise
-            await self.files.remove(path, self._who(ctx), is_dir)
+            await self.files.names.remove(path, self._who(ctx), is_dir)
             await self._removed_on_full_disk()
 
     @_guard()
@@ -854,12 +854,12 @@ class Operations(pyfuse3.Operations):
         src = self._parent_path(old_parent, old_name)
         dst = self._parent_path(new_parent, new_name)
         try:
-            await self.files.rename(src, dst, flags, self._who(ctx))
+            await self.files.renames.rename(src, dst, flags, self._who(ctx))
         except OSError as exc:
             # (A rename that fails changes nothing: it can be tried again.)
             if exc.errno != errno.ENOSPC or not await self._room(removal=True):
                 raise
-            await self.files.rename(src, dst, flags, self._who(ctx))
+            await self.files.renames.rename(src, dst, flags, self._who(ctx))
             await self._removed_on_full_disk()
         self.control.succeeded(dst)  # (a save by rename: an earlier refusal is over)
 
@@ -919,7 +919,7 @@ class Operations(pyfuse3.Operations):
             raise
         who = self._who(ctx)
         if journaled and flags & os.O_ACCMODE != os.O_WRONLY and not i.is_dir:
-            self.files.opened_to_read(who["pid"], i)
+            self.files.reads.opened_to_read(who["pid"], i)
             if not writable and parsers.language(i.path) is not None:
                 self._to_prime = i.ino
                 self._read_one.set()
@@ -949,7 +949,7 @@ class Operations(pyfuse3.Operations):
         path = self._parent_path(parent_inode, name)
         who = self._who(ctx)
         made = mode & ~ctx.umask & 0o7777
-        virtual = await self.files.create_in_batch(path, made, who, (ctx.uid, ctx.gid))
+        virtual = await self.files.names.create_in_batch(path, made, who, (ctx.uid, ctx.gid))
         if virtual is not None:
             attr = self._attr(virtual.ino, self._stat(virtual))
             fi = await self.open(attr.st_ino, flags & ~(os.O_EXCL | os.O_TRUNC), ctx)
@@ -978,7 +978,7 @@ class Operations(pyfuse3.Operations):
             raise
         attr = self._new_entry(path, ctx, fd)
         if created:
-            self.files.path_made(path, attr.st_ino, who["pid"])
+            self.files.reads.path_made(path, attr.st_ino, who["pid"])
         try:
             fi = await self.open(attr.st_ino, flags & ~os.O_EXCL, ctx)
         except BaseException:
@@ -1115,7 +1115,7 @@ class Operations(pyfuse3.Operations):
         nothing, the state's reserve goes, so that the removal can be journaled. True if
         anything went: try again."""
         self.ws.stats.count("disk_full_reclaims")
-        freed = self.files.let_go_kept()
+        freed = self.files.baselines.let_go_kept()
         if await self._reclaim():
             return True
         if removal and not freed:
