@@ -539,16 +539,16 @@ class Control:
         # run session's (sessions.py): all its events. Reads the whole journal: off the
         # event loop.
         key = "batch"
-        changes = await trio.to_thread.run_sync(self.batches.changes_of, args[0], key)
+        changes = await trio.to_thread.run_sync(self.batches.protocol.changes_of, args[0], key)
         if not changes and args[0] not in self.batches.all:
             key = "session"
-            changes = await trio.to_thread.run_sync(self.batches.changes_of, args[0], key)
+            changes = await trio.to_thread.run_sync(self.batches.protocol.changes_of, args[0], key)
         if not changes:
             raise verb_error(
                 f"Nothing was undone: the journal has no change by batch or session "
                 f"{args[0]!r} (their names are in .rw/journal and .rw/batches/)."
             )
-        undone = self.batches.undone_by(args[0])
+        undone = self.batches.protocol.undone_by(args[0])
         if undone is not None:  # again, it would write the before-bytes over themselves
             raise verb_error(
                 f"Nothing was done: batch {args[0]} was already undone by batch {undone} "
@@ -559,7 +559,9 @@ class Control:
         modes = await trio.to_thread.run_sync(
             lambda: modes_at(self.ws.store.events(), batch=args[0], key=key)
         )
-        await self.batches.replay(f"undo-{args[0]}"[:64], changes, who, undoes=args[0], modes=modes)
+        await self.batches.protocol.replay(
+            f"undo-{args[0]}"[:64], changes, who, undoes=args[0], modes=modes
+        )
 
     async def _session(self, args: list[str], who: dict[str, Any]) -> None:
         """``session begin``: the writer of the verb (``rwfs run``) opens a run session
@@ -630,7 +632,7 @@ class Control:
                 return {p: m for p, m in got.items() if m is not None}
 
             modes = await trio.to_thread.run_sync(modes_then)
-            await self.batches.replay(f"restore-{args[0]}"[:64], changes, who, modes=modes)
+            await self.batches.protocol.replay(f"restore-{args[0]}"[:64], changes, who, modes=modes)
 
     def _not_journaled(self, arg: str, path: bytes) -> str:
         """Why a path given to ``restore`` names nothing it could restore ("" if it names
@@ -953,10 +955,10 @@ class BatchViews:
         return (*self.c.ws_owner(), 0o400)
 
     async def _resume(self, batch: Any) -> None:
-        await self.c.batches.resume(batch)
+        await self.c.batches.protocol.resume(batch)
 
     async def _rollback(self, batch: Any) -> None:
-        await self.c.batches.rollback(batch)
+        await self.c.batches.protocol.rollback(batch)
 
     async def mkdir(self, name: bytes, who: dict[str, Any]) -> None:
         await self.c.batches.open(name, who)

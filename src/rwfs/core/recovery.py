@@ -5,7 +5,7 @@
 2. Every unsettled receipt is classified by comparing the live file with its digests:
    intended → committed, nothing written; expected → the owed write is performed;
    neither → a conflict, nothing written; unreadable → stays pending. Explicit batches
-   are settled by ``batches.recover``: an owed write of theirs waits for ``resume``.
+   are settled by ``batch_recovery.recover``: an owed write of theirs waits for ``resume``.
 3. Once per store written before rwfs kept it so, the path index is repaired where the
    journal's model of the tree went wrong (``_repair_index``).
 4. Removed bytes left in ``objects/incoming`` are hashed into place; orphaned stages go.
@@ -27,8 +27,9 @@ from .. import beneath
 from ..journal.intents import IntentLog
 from ..journal.objects import digest_fd
 from ..journal.store import JournalUnavailable, Txn, u64
-from .batches import Batches, is_explicit
-from .batches import recover as recover_batches
+from .batch import is_explicit
+from .batch_recovery import recover as recover_batches
+from .batches import Batches
 from .commits import Commit, record_commit, record_event
 from .errors import TooLarge
 from .stages import Stage

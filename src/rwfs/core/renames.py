@@ -11,7 +11,7 @@ import stat
 from typing import TYPE_CHECKING, Any
 
 from ..checks.allowances import Allowance
-from .batches import COMMITTING
+from .batch import COMMITTING
 from .commits import Commit
 from .errors import refused
 from .inodes import Inode

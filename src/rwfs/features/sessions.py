@@ -13,7 +13,7 @@ While a session is open, the daemon tags the ``who`` of each request (``fs.Opera
 with ``session: NAME``; the tag travels into every event that request journals (the
 ``session`` key of SPEC §7.1's events, absent outside sessions); a batch opened for the
 session (scope ``run``: ``rwfs run --batch``, ``--review``) gives every event of its commit
-the session's name, whoever made the change (``batches.owner_session``). ``undo NAME``
+the session's name, whoever made the change (``batch.owner_session``). ``undo NAME``
 then replays the inverse of all the events tagged ``NAME`` (``changes.changes_in``) as one
 batch of rwfs's own, ``undo-NAME``, which can itself be undone.
 
