@@ -33,7 +33,7 @@ REMOVED_MAX = 64
 
 @dataclass(eq=False, slots=True)
 class Removed:
-    """The bytes of a file its path stopped naming, for ``Files._recreated``."""
+    """The bytes of a file its path stopped naming, for ``Baselines.recreated``."""
 
     fd: int
     uid: int
@@ -43,7 +43,7 @@ class Removed:
 @dataclass(eq=False, slots=True)
 class Cut:
     """A file cut short by an explicit truncation alone (truncate(2), ftruncate(2), no
-    write), for ``Files._cut_before``: a descriptor of its bytes before the cut, who cut
+    write), for ``Baselines.cut_before``: a descriptor of its bytes before the cut, who cut
     it, when, the commits of the cut (the path's last) and the digest it left."""
 
     fd: int

@@ -50,7 +50,7 @@ class Commit:
     # looks first for the names a commit in place changes too.
     aliases: tuple[bytes, ...] = ()
     # The file had other names when it was sealed (hard links), known to the inode table
-    # or not: a rename of a directory waits for it (``Files.rename``), since the names it
+    # or not: a rename of a directory waits for it (``Renames.rename``), since the names it
     # journals (``links``) are found in the tree when it lands, and must be the names the
     # file had at its place in the journal.
     linked: bool = False
@@ -63,7 +63,7 @@ class Commit:
     shown: bool = False
     failed: int = 0  # attempts of its group that failed (the journal could not commit)
     wake: trio.Event = field(default_factory=trio.Event)  # set on durable, done or a failure
-    # A rename moved the file while this commit was queued (``Files.rename``): ``path`` is
+    # A rename moved the file while this commit was queued (``Renames.rename``): ``path`` is
     # where the tree has the file now, ``journal_path`` where it was written (its event's
     # path: the journal tells the write, then the rename, as they happened).
     journal_path: bytes | None = None

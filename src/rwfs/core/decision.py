@@ -1,6 +1,6 @@
 """The commit decision (SPEC §3.2): what a sealed stage becomes at its commit point.
 
-A pure function of the facts: ``files.Files._sealed`` gathers them and carries the
+A pure function of the facts: ``commitpoint.CommitPoint.run`` gathers them and carries the
 decision out (``docs/architecture.md``, "The commit decision"). It is asked twice: first
 with what the seal tells (the digests and the draft a batch holds), which settles an
 unchanged write; then, if it answered ``JUDGE``, with the gates' findings, the stale read

@@ -69,7 +69,7 @@ class Links:
         passthrough ones, whose removal or change it never hears of (the path index would
         go on claiming their bytes). The names are the tree's as the commit lands, which are
         the names at its place in the journal: nothing that moves a name of a hard-linked
-        file is done while its commit is queued (``Files.rename`` waits for it)."""
+        file is done while its commit is queued (``Renames.rename`` waits for it)."""
         names = self.other_names(c.path, st, c.aliases)
         return [fsdecode(p) for p in names if not self.ws.policy.is_passthrough(p)]
 

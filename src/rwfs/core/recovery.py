@@ -259,7 +259,7 @@ def _owed(
 
 def _moved(events: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
     """Commits a rename or an unlink that reached the tree moved or replaced while they
-    were queued (``Files.rename``, ``Files.remove``: the event ``carries`` or
+    were queued (``Renames.rename``, ``Namespace.remove``: the event ``carries`` or
     ``supersedes`` them; both are always in one generation): commit id -> what changes
     in its record. A moved commit's receipt
     names the file where the tree has it now, and the path it was written at (``as``); a
