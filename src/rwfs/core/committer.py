@@ -4,8 +4,21 @@ in a worker thread (landing.py) and recorded in the journal; the intent log that
 what was acknowledged before it is journaled; retries while the journal cannot commit;
 the flush at unmount.
 
-``commit_lock`` serialises the groups and every other writer of the journal's records
-(``exclusive``)."""
+Concurrency (trio: tasks interleave only at ``await``):
+
+- ``flush_locked`` takes the queue and rotates the intent log with no await between: every
+  record of generation G belongs to the group that applies G.
+- In ``operation``, the namespace syscall between ``announce`` and ``confirm``/``cancel``
+  is synchronous: its records land in one generation, where recovery matches them.
+- ``commit_lock`` serialises the groups and every other writer of the journal's records
+  (a batch's commit, undo, restore, gc, a kept object and its record); all but the
+  committer take it through ``exclusive``, which first writes the records of the group
+  applied last, so theirs follow it in the journal.
+- A group's blocking work (landing.py) runs in one worker thread, on the group it was
+  given: the queue, ``_retry``, ``_unrecorded`` and ``Stages.unsynced`` are read and
+  changed on the loop only (the thread is told by an argument whether the group before
+  is synced). Of the intent log, the thread only writes to, and drops, the generations
+  of its group and of the one before, which the loop no longer appends to."""
 
 from __future__ import annotations
 
