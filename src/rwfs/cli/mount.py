@@ -101,7 +101,7 @@ def open_state(workspace_fd: int, create: bool) -> int:
                 "this directory has no rwfs state (.rw): it was never mounted"
             ) from None
         # (imported here: the verbs that only open a workspace's state need neither)
-        from ..control.tree import write_state_file
+        from ..control.nodes import write_state_file
         from ..policy import DEFAULT_TEXT
 
         os.mkdir(b".rw", 0o700, dir_fd=workspace_fd)

@@ -1,17 +1,25 @@
-"""The nodes of the ``.rw/`` tree and its ``ctl`` files' verbs: what ``Control`` and the
-features that add entries to it (chunks, handoff, scratch) build the tree from.
-Nothing here knows about FUSE or about the entries themselves."""
+"""The nodes of the ``.rw/`` tree and its ``ctl`` files' verbs: what ``Control``, its
+views and the features that add entries to it (chunks, handoff, scratch) build the tree
+from, and the helpers they share (an object's or a live file's stat, JSON bytes, a state
+file written atomically). Nothing here knows about FUSE or about the entries themselves."""
 
 from __future__ import annotations
 
+import calendar
 import errno
+import json
 import os
+import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .. import beneath
 from ..core.errors import RwfsError
+
+if TYPE_CHECKING:
+    from ..core.workspace import Workspace
 
 
 @dataclass(eq=False)
@@ -165,3 +173,54 @@ class CDir(CNode):
     # the kernel finds the child by a lookup and fails the mkdir with EEXIST itself,
     # unasked, so the lookup is the daemon's only chance to put it in ``last-error``.
     taken: Callable[[bytes], RwfsError | None] | None = None
+
+
+def as_dir(perm: Perm) -> Perm:
+    """A directory that stands for a file: whoever may read the file may list it."""
+    uid, gid, mode = perm
+    return uid, gid, (mode & 0o444) | ((mode & 0o444) >> 2)
+
+
+def constant(data: bytes) -> Callable[[], bytes]:
+    return lambda: data
+
+
+def object_stat(ws: Workspace, digest: str) -> tuple[int, int]:
+    """(size, mtime in ns) of a kept object: one stat, no read."""
+    st = os.stat(ws.objects.name(digest), dir_fd=ws.objects.fd, follow_symlinks=False)
+    return st.st_size, st.st_mtime_ns
+
+
+def live_stat(ws: Workspace, path: bytes) -> tuple[int, int]:
+    """(size, mtime in ns) of a file of the tree as ``conflicts.live_bytes`` reads it:
+    anything but a regular file reads as empty."""
+    st = beneath.stat(ws.root_fd, path)
+    return (st.st_size if stat.S_ISREG(st.st_mode) else 0), st.st_mtime_ns
+
+
+def stamp_ns(text: str, fmt: str = "%Y-%m-%dT%H:%M:%S") -> int:
+    """A UTC time at the start of ``text`` (a journal ``ts``, a draft id), in ns; the
+    milliseconds of a ``ts`` (``2026-11-30T10:12:03.123Z``) included. 0 if none is there."""
+    width = len(time.strftime(fmt, time.gmtime(0)))
+    try:
+        ns = calendar.timegm(time.strptime(text[:width], fmt)) * 10**9
+    except ValueError:
+        return 0
+    ms = text[width + 1 : width + 4]
+    return ns + int(ms) * 10**6 if text[width : width + 1] == "." and ms.isdigit() else ns
+
+
+def json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2) + "\n").encode()
+
+
+def write_state_file(state_fd: int, name: bytes, data: bytes) -> None:
+    """Atomically replace a file of the state directory (write, fsync, rename)."""
+    tmp = name + b".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, dir_fd=state_fd)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, name, src_dir_fd=state_fd, dst_dir_fd=state_fd)

@@ -5,13 +5,13 @@ the whole written text at close and raises ``RwfsError`` to refuse it) or a ``CD
 A file whose bytes are fixed (an object, a live file) also has ``stat``, its size and
 mtime found without rendering it; any other file is sized by rendering it (SPEC §5: every
 entry reports its true ``st_size``).
-Later features add entries with ``Control.add``; nothing here knows about FUSE.
+Later features add entries with ``Control.add``; nothing here knows about FUSE. The
+views that mirror the journal (``batches/``, ``conflicts/``, ``history/``,
+``snapshots/``) are views.py's, the verbs of ``ctl`` verbs.py's, the nodes nodes.py's.
 """
 
 from __future__ import annotations
 
-import bisect
-import calendar
 import contextlib
 import errno
 import functools
@@ -20,26 +20,20 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-import trio
-
 from .. import beneath
 from ..checks import gates, parsers
-from ..checks.allowances import ALLOW_S, PER_USER, WAIVES, Allowance
-from ..core import rights
-from ..core.changes import modes_at
-from ..core.errors import RwfsError, escaped, journal_unavailable
+from ..core.errors import RwfsError
 from ..core.workspace import Workspace
 from ..features import conflicts, gc
-from ..features.history import History, Version
+from ..features.history import History
 from ..features.sessions import Sessions
 from ..journal.objects import open_regular
-from ..journal.store import JournalUnavailable, now_iso, plain_name
-from ..policy import Policy, PolicyError
+from ..journal.store import JournalUnavailable, now_iso
 from . import chunks, handoff, scratch
 from .nodes import (
     CDir,
@@ -48,10 +42,15 @@ from .nodes import (
     Perm,
     Verb,
     Writer,
-    no_args,
-    verb_error,
+    as_dir,
+    json_bytes,
+    live_stat,
+    object_stat,
+    stamp_ns,
     verb_file,
 )
+from .verbs import CtlVerbs
+from .views import BatchViews, ConflictViews, HistoryViews, SnapshotViews
 
 if TYPE_CHECKING:
     from ..core.batches import Batches
@@ -86,6 +85,7 @@ class Control:
         self.batches = batches
         self.info = info
         self._allocate = allocate
+        self.ctl = CtlVerbs(self)  # the verbs of .rw/ctl, allow and the policy's writes (verbs.py)
         self.nodes: dict[int, CNode] = {}
         self.root = CDir(allocate(), b".rw")
         self.nodes[self.root.ino] = self.root
@@ -101,20 +101,20 @@ class Control:
             lambda: resources.files("rwfs.control").joinpath("README.rw.md").read_bytes(),
         )
         for name, render in (
-            (b"status", lambda: _json(self.status())),
+            (b"status", lambda: json_bytes(self.status())),
             (b"journal", self._journal),
-            (b"stats", lambda: _json(self.ws.stats.report())),
+            (b"stats", lambda: json_bytes(self.ws.stats.report())),
         ):
             node = self.add(self.root, name, render)
             node.fresh, node.perm = True, self.private
         # The workspace owner's to change (0644): the kernel refuses anyone else's write.
         self.add(
-            self.root, b"policy.toml", lambda: ws.policy.text.encode(), self._write_policy
+            self.root, b"policy.toml", lambda: ws.policy.text.encode(), self.ctl.write_policy
         ).perm = lambda: (*self.ws_owner(), 0o444)
         self.add(
-            self.root, b"last-error", lambda: _json(self.last_error or NO_ERROR)
+            self.root, b"last-error", lambda: json_bytes(self.last_error or NO_ERROR)
         ).perm = self.private
-        self.verbs: dict[str, Verb] = {"sync": self._sync}
+        self.verbs: dict[str, Verb] = {"sync": self.ctl.sync}
         self.add(self.root, b"ctl", lambda: b"", verb_file(self.verbs, ".rw/ctl"), verbs=True)
         top = functools.partial(self.dir_perm, b"")  # views of the workspace's top
         for view in ("validate", "risk"):
@@ -134,13 +134,13 @@ class Control:
         self.history_dir = self.mkdir(self.root, b"history")
         HistoryViews(self, self.history_dir, b"")
         self.snapshots = SnapshotViews(self, self.mkdir(self.root, b"snapshots"))
-        self.verbs["undo"] = self._undo
+        self.verbs["undo"] = self.ctl.undo
         self.sessions = Sessions()
-        self.verbs["session"] = self._session
-        self.verbs["restore"] = self._restore
-        self.verbs["gc"] = self._gc
-        self.verbs["allow"] = self._allow  # a deliberate change, let through once
-        self.add(self.root, b"allowed", lambda: _json(self._allowed())).perm = self.private
+        self.verbs["session"] = self.ctl.session
+        self.verbs["restore"] = self.ctl.restore
+        self.verbs["gc"] = self.ctl.gc
+        self.verbs["allow"] = self.ctl.allow  # a deliberate change, let through once
+        self.add(self.root, b"allowed", lambda: json_bytes(self.ctl.allowed())).perm = self.private
         self.retention = gc.Retention(self)  # collections, by the policy and the verb
         for layer in (scratch, chunks, handoff):  # the paper's other layers (SPEC §8)
             layer.install(self)
@@ -154,8 +154,6 @@ class Control:
         for r in ws.store.refusals():  # drafts refused in earlier mounts stay listed
             if r["draft"]:
                 self._add_rejected(r["draft"], r["intended"], r.get("uid"), r.get("gid"))
-
-    # ---- who may read what (SPEC §3.3b; docs/security.md) ----
 
     def ws_owner(self) -> tuple[int, int]:
         """The workspace owner: the owner and group of the workspace's top directory. A
@@ -266,10 +264,10 @@ class Control:
             node.mirror = (view, path)
             node.perm = functools.partial(self.dir_perm, path)
         elif stat.S_ISREG(mode):
-            node = self.add(parent, name, lambda: _json(self._diagnose(view, path)))
+            node = self.add(parent, name, lambda: json_bytes(self._diagnose(view, path)))
             node.slow = node.fresh = True
             node.shows = path
-            node.render_shown = lambda fd: _json(self._diagnose(view, path, fd))
+            node.render_shown = lambda fd: json_bytes(self._diagnose(view, path, fd))
             node.perm = functools.partial(self.file_perm, path)
         return node
 
@@ -353,28 +351,18 @@ class Control:
             0o400,
         )
 
-    def _holders(self, digest: str, path: bytes) -> list[bytes]:
+    def holders(self, digest: str, path: bytes) -> list[bytes]:
         """The paths the journal says hold ``digest`` now, ``path`` first: where an old
         version's bytes are when rwfs kept no object of them (a rename moved the file)."""
         return sorted(self.history.holders(digest), key=lambda p: p != path)
 
     def _holder(self, digest: str, path: bytes) -> bytes | None:
         """The first of ``_holders`` whose live file really holds ``digest``."""
-        for p in self._holders(digest, path):
+        for p in self.holders(digest, path):
             with contextlib.suppress(OSError):  # (unreadable, or too large to hash)
                 if self.ws.digests.live(p)[0] == digest:
                     return p
         return None
-
-    def _keep_targets(self, changes: dict[bytes, tuple[str | None, str | None]]) -> None:
-        """Bytes a restore or undo writes back that rwfs kept no object of (a file renamed
-        elsewhere still holds them): keep a copy now, from the live file that holds them."""
-        for path, (_, target) in changes.items():
-            if target is None or self.ws.objects.exists(target):
-                continue
-            # (None found: the batch has nothing to write it from, and says so)
-            for holder in self._holders(target, path):
-                self.ws.stages.keep_live_copy(holder, target)
 
     def version_bytes(self, digest: str, path: bytes, where: bytes) -> bytes:
         """The bytes of a version of ``path`` (history/, a snapshot's tree/): its object,
@@ -401,7 +389,7 @@ class Control:
         try:
             return object_stat(self.ws, digest)
         except FileNotFoundError:
-            for p in self._holders(digest, path):
+            for p in self.holders(digest, path):
                 try:
                     return live_stat(self.ws, p)
                 except FileNotFoundError:
@@ -482,10 +470,8 @@ class Control:
         recent = why.errors[1:] if why.ok is None else why.errors[:WHY_RECENT]
         if recent:  # (a first refusal's entry is its envelope, as in last-error)
             shown["recent"] = recent
-        body = _json(shown)
+        body = json_bytes(shown)
         self._put(self.why, name, lambda: body, self._perm_of(name))
-
-    # ---- views ----
 
     def status(self) -> dict[str, Any]:
         counters = self.ws.store.counters()
@@ -531,131 +517,6 @@ class Control:
         events = self.ws.store.events(last=1000)
         return b"".join(json.dumps(ev).encode() + b"\n" for ev in events)
 
-    async def _undo(self, args: list[str], who: dict[str, Any]) -> None:
-        if len(args) != 1:
-            raise verb_error("undo takes one batch or session name: write 'undo NAME'.")
-        await self.ws.committer.sync()  # the journal holds every acknowledged write
-        # A batch's name first (an explicit batch, or a batch of one: auto-N); otherwise a
-        # run session's (sessions.py): all its events. Reads the whole journal: off the
-        # event loop.
-        key = "batch"
-        changes = await trio.to_thread.run_sync(self.batches.protocol.changes_of, args[0], key)
-        if not changes and args[0] not in self.batches.all:
-            key = "session"
-            changes = await trio.to_thread.run_sync(self.batches.protocol.changes_of, args[0], key)
-        if not changes:
-            raise verb_error(
-                f"Nothing was undone: the journal has no change by batch or session "
-                f"{args[0]!r} (their names are in .rw/journal and .rw/batches/)."
-            )
-        undone = self.batches.protocol.undone_by(args[0])
-        if undone is not None:  # again, it would write the before-bytes over themselves
-            raise verb_error(
-                f"Nothing was done: batch {args[0]} was already undone by batch {undone} "
-                f"(see .rw/batches/{undone}/status). To redo {args[0]}, undo {undone} ('rwfs undo "
-                f"{undone}', or 'undo {undone}' in .rw/ctl)."
-            )
-        await trio.to_thread.run_sync(self._keep_targets, changes)
-        modes = await trio.to_thread.run_sync(
-            lambda: modes_at(self.ws.store.events(), batch=args[0], key=key)
-        )
-        await self.batches.protocol.replay(
-            f"undo-{args[0]}"[:64], changes, who, undoes=args[0], modes=modes
-        )
-
-    async def _session(self, args: list[str], who: dict[str, Any]) -> None:
-        """``session begin``: the writer of the verb (``rwfs run``) opens a run session
-        over its descendants; ``session end NAME [STATUS]`` closes it (sessions.py)."""
-        if args == ["begin"]:
-            await self.ws.committer.sync()  # the begin event's LSN follows every write acknowledged
-
-            def begin(txn: Any) -> tuple[int, str]:
-                lsn = txn.next_lsn()
-                name, n = f"run-{lsn}", 1
-                while name in self.batches.all or name in self.sessions.active:
-                    n += 1
-                    name = f"run-{lsn}-{n}"
-                event = {"op": "session", "path": None, "state": "begun", "session": name}
-                txn.append_event({**event, **{k: who[k] for k in ("pid", "comm", "uid")}})
-                return lsn, name
-
-            lsn, name = await trio.to_thread.run_sync(self.ws.store.write, begin)
-            self.sessions.begin(name, int(who["pid"]), lsn, int(who["uid"]), {})
-            return
-        mine = args[1:2] and self.sessions.active.get(args[1])
-        if len(args) in (2, 3) and args[0] == "end" and mine and who["uid"] in (mine.uid, 0):
-            status = int(args[2]) if len(args) == 3 and args[2].lstrip("-").isdigit() else None
-            await self.ws.committer.sync()  # every write of the session is journaled before its end
-            self.sessions.end(args[1])
-            event: dict[str, Any] = {"op": "session", "path": None, "state": "ended"}
-            event["session"] = args[1]
-            event |= {"exit": status, **{k: who[k] for k in ("pid", "comm", "uid")}}
-            await trio.to_thread.run_sync(self.ws.store.write, lambda txn: txn.append_event(event))
-            return
-        raise verb_error(
-            "Nothing was done: write 'session begin' (from the process whose descendants "
-            "make the session) or 'session end NAME [STATUS]' for an open session."
-        )
-
-    async def _restore(self, args: list[str], who: dict[str, Any]) -> None:
-        if not args:
-            raise verb_error("restore takes a snapshot name and optional paths.")
-        snap = self.snapshots.get(args[0])
-        if snap is None:
-            raise verb_error(f"Nothing was restored: there is no snapshot {args[0]!r}.")
-        bad = [a for a in args[1:] if a.startswith("/") or ".." in a.split("/")]
-        if bad:  # (SPEC §5: no control-file input names anything outside the workspace)
-            raise verb_error(
-                f"Nothing was restored: {bad[0]!r} is outside the workspace or names it "
-                "through '..'; give paths relative to the workspace's top, such as src/app.py."
-            )
-        await self.ws.committer.sync()
-        paths = [os.fsencode(os.path.normpath(a)) for a in args[1:]]
-        for arg, path in zip(args[1:], paths, strict=True):
-            why = self._not_journaled(arg, path)
-            if why:  # (before anything is restored: all of it, or nothing)
-                shown = repr(arg[:60] + ("…" if len(arg) > 60 else ""))
-                raise verb_error(
-                    f"Nothing was restored: {shown} {why}; give the paths of journaled "
-                    "files or directories, relative to the workspace's top (each has a "
-                    ".rw/history/ entry), or no path to restore the whole workspace."
-                )
-        if b"." in paths:  # the workspace's top: everything
-            paths = []
-        changes = self.snapshots.changes_since(snap, paths)
-        if changes:
-            await trio.to_thread.run_sync(self._keep_targets, changes)
-            lsn, h = int(snap["lsn"]), self.history
-
-            def modes_then() -> dict[bytes, int]:  # (modes_at's, for these paths only)
-                got = {p: h.mode_at(p, lsn) for p in changes}
-                return {p: m for p, m in got.items() if m is not None}
-
-            modes = await trio.to_thread.run_sync(modes_then)
-            await self.batches.protocol.replay(f"restore-{args[0]}"[:64], changes, who, modes=modes)
-
-    def _not_journaled(self, arg: str, path: bytes) -> str:
-        """Why a path given to ``restore`` names nothing it could restore ("" if it names
-        a journaled file, or a directory holding one): a restore that silently did nothing
-        would be taken for one that worked."""
-        if not arg:
-            return "is empty"
-        if b"\0" in path:
-            return "holds a NUL byte, which no file name can"
-        if path == b".":
-            return ""
-        if len(path) > 4095 or any(len(n) > 255 for n in path.split(b"/")):  # Linux's limits
-            return "is longer than a path can be (names up to 255 bytes, paths up to 4,095)"
-        if path == b".rw" or path.startswith(b".rw/"):
-            return "is rwfs's control directory, which has no history"
-        if self.history.has_below(path):
-            return ""
-        return "names nothing the journal has a version of"
-
-    async def _gc(self, args: list[str], who: dict[str, Any]) -> None:
-        no_args(args, "gc", ".rw/ctl")
-        await self.retention.collect(None)
-
     async def reclaim(self, removals: bool = True) -> bool:
         """The disk is full: give up the kept bytes of removed files (``removals``: some
         were removed since the last time), or else the oldest versions (a ``gc`` event with
@@ -665,308 +526,6 @@ class Control:
         except (OSError, JournalUnavailable) as exc:
             log.warning("no room made on a full disk: %s", exc)
             return False
-
-    # ---- allowances (allowances.py) ----
-
-    def _allowed(self) -> dict[str, Any]:
-        return {"allowed": self.ws.allowances.views(), "expires_after_s": ALLOW_S}
-
-    async def _allow(self, args: list[str], who: dict[str, Any]) -> None:
-        """``allow PATH…``: the caller's next write of each PATH is let through the gates
-        that judge whether a file was broken; ``allow --cancel PATH…`` takes that back.
-        Every PATH is checked first: one bad PATH, and nothing is done."""
-        cancel = bool(args) and args[0] == "--cancel"
-        names = args[1:] if cancel else args
-        if not names:
-            raise verb_error(
-                "Nothing was allowed: allow takes the paths of files, relative to the "
-                "workspace's top ('allow src/app.py'; 'allow --cancel src/app.py' takes it back)."
-            )
-        for arg in names:
-            if arg.startswith("-"):
-                raise verb_error(
-                    f"Nothing was allowed: {_shown(arg)} is not an option of allow (its only "
-                    f"one is --cancel, first); to name a file whose name starts with '-', "
-                    f"write ./{_shown(arg)[1:-1]}."
-                )
-        uid = who.get("uid")
-        if uid is None:
-            raise verb_error("Nothing was allowed: the caller's user is not known.")
-        paths = [self._allowable(arg, who, cancel) for arg in names]
-        if cancel:
-            mine = [p for p in paths if self.ws.allowances.peek(int(uid), p) is None]
-            if mine:
-                raise verb_error(
-                    f"Nothing was cancelled: you hold no allowance of "
-                    f"{_shown(os.fsdecode(mine[0]))} (it was used, it expired, or it was "
-                    "never granted; .rw/allowed lists the open ones)."
-                )
-        else:
-            rights.require(self.ws.root_fd, dict.fromkeys(paths, False), who)
-            if not self.ws.allowances.room(int(uid), paths):
-                raise verb_error(
-                    f"Nothing was allowed: a user may hold {PER_USER} allowances at once; "
-                    "write the files allowed already, or cancel some ('allow --cancel PATH')."
-                )
-        await self.ws.committer.sync()  # (the grant follows the refusal it answers in the journal)
-        now = time.time()
-        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + ALLOW_S))
-        by: dict[str, Any] = {k: who[k] for k in ("pid", "comm", "uid") if k in who}
-        events = [
-            {
-                "op": "allow",
-                "path": os.fsdecode(p),
-                "batch": None,
-                "state": "cancelled" if cancel else "granted",
-                **({} if cancel else {"expires": expires, "waives": list(WAIVES)}),
-                **by,
-                **({"session": who["session"]} if who.get("session") else {}),
-            }
-            for p in paths
-        ]
-
-        def journal(txn: Any) -> list[int]:
-            return [txn.append_event(ev) for ev in events]
-
-        try:
-            lsns = await trio.to_thread.run_sync(self.ws.store.write, journal)
-        except JournalUnavailable as exc:
-            raise journal_unavailable(b".rw/ctl", str(exc)) from None
-        deadline = time.monotonic() + ALLOW_S
-        for p, lsn in zip(paths, lsns, strict=True):
-            if cancel:
-                self.ws.allowances.cancel(int(uid), p)
-                continue
-            self.ws.allowances.grant(
-                Allowance(p, int(uid), lsn, now_iso(), expires, deadline, by=by)
-            )
-
-    def _allowable(self, arg: str, who: dict[str, Any], cancel: bool) -> bytes:
-        """The workspace path ``arg`` names, if an allowance of it makes sense: a regular
-        file (or one an open batch shows), or a name the caller could create in a
-        directory that exists (a file saved by removal and re-creation is judged against
-        the one removed). Anything else is refused, with nothing done."""
-
-        def bad(why: str, code: int = errno.EINVAL) -> RwfsError:
-            return RwfsError(
-                code,
-                "policy_violation",
-                "verb",
-                f"Nothing was allowed: {_shown(arg)} {why}.",
-                path=".rw/ctl",
-            )
-
-        raw = os.fsencode(arg)
-        if not raw:
-            raise bad("is empty; give the path of a file, relative to the workspace's top")
-        if b"\0" in raw:
-            raise bad("holds a NUL byte, which no file name can")
-        if raw.startswith(b"/") or b".." in raw.split(b"/"):
-            raise bad(
-                "is outside the workspace, or names it through '..'; give the path relative "
-                "to the workspace's top, such as src/app.py (rwfs allow turns a path into that)"
-            )
-        path = os.path.normpath(raw)
-        if len(path) > 4095 or any(len(n) > 255 for n in path.split(b"/")):
-            raise bad("is longer than a path can be (names up to 255 bytes, paths up to 4,095)")
-        if path == b".rw" or path.startswith(b".rw/"):
-            raise bad("is in rwfs's control directory, which no gate judges")
-        if path == b".":
-            raise bad("is the workspace's top, a directory; an allowance is for one file")
-        if cancel:
-            return path
-        try:
-            st: os.stat_result | None = beneath.stat(self.ws.root_fd, path)
-        except beneath.Escape as exc:
-            raise escaped(exc) from None
-        except FileNotFoundError:
-            st = None
-        except OSError as exc:
-            raise bad(f"cannot name a file ({exc.strerror})") from None
-        if st is None and self.virtual(path):
-            return path  # a new file of an open batch: only its draft exists
-        if st is None:
-            parent = os.path.dirname(path)
-            try:
-                pst = beneath.stat(self.ws.root_fd, parent)
-            except beneath.Escape as exc:
-                raise escaped(exc) from None
-            except OSError:
-                pst = None
-            if pst is None or not stat.S_ISDIR(pst.st_mode):
-                raise bad(
-                    f"does not exist, and cannot be created: {os.fsdecode(parent)} is not a "
-                    "directory"
-                )
-            return path  # rights.require: the caller could create it there
-        if stat.S_ISDIR(st.st_mode):
-            raise bad(
-                "is a directory; an allowance is for one file: name each file (allow takes "
-                "several paths)"
-            )
-        if stat.S_ISLNK(st.st_mode):
-            raise bad("is a symlink, which rwfs does not follow; name the file it points to")
-        if not stat.S_ISREG(st.st_mode):
-            raise bad("is not a regular file, and no gate judges it")
-        return path
-
-    async def _sync(self, args: list[str], who: dict[str, Any]) -> None:
-        no_args(args, "sync", ".rw/ctl")
-        await self.ws.committer.sync()
-
-    async def _write_policy(self, data: bytes, who: dict[str, Any]) -> None:
-        owner = self.ws_owner()[0]
-        if who.get("uid") not in (0, owner):
-            raise RwfsError(
-                errno.EACCES,
-                "policy_violation",
-                "permission",
-                f"The policy was not changed: only the workspace's owner (uid {owner}) or root "
-                "may change it.",
-                path=".rw/policy.toml",
-            )
-        try:
-            policy = Policy.parse(data.decode("utf-8"))
-        except (UnicodeDecodeError, PolicyError) as exc:
-            raise RwfsError(
-                errno.EINVAL,
-                "policy_violation",
-                "policy",
-                f"The policy was not changed because the new text is invalid ({exc}); "
-                "fix it and write the whole file again.",
-                path=".rw/policy.toml",
-                details=getattr(exc, "details", None) or None,
-            ) from None
-        write_state_file(self.ws.state_fd, b"policy.toml", data)
-        self.ws.policy = policy
-        self.retention.wake()  # a tighter retention takes effect now
-
-
-def _shown(arg: str) -> str:
-    """A path given to a verb, quoted (and cut short) for a message."""
-    return repr(arg[:60] + ("…" if len(arg) > 60 else ""))
-
-
-def as_dir(perm: Perm) -> Perm:
-    """A directory that stands for a file: whoever may read the file may list it."""
-    uid, gid, mode = perm
-    return uid, gid, (mode & 0o444) | ((mode & 0o444) >> 2)
-
-
-def _constant(data: bytes) -> Callable[[], bytes]:
-    return lambda: data
-
-
-def object_stat(ws: Workspace, digest: str) -> tuple[int, int]:
-    """(size, mtime in ns) of a kept object: one stat, no read."""
-    st = os.stat(ws.objects.name(digest), dir_fd=ws.objects.fd, follow_symlinks=False)
-    return st.st_size, st.st_mtime_ns
-
-
-def live_stat(ws: Workspace, path: bytes) -> tuple[int, int]:
-    """(size, mtime in ns) of a file of the tree as ``conflicts.live_bytes`` reads it:
-    anything but a regular file reads as empty."""
-    st = beneath.stat(ws.root_fd, path)
-    return (st.st_size if stat.S_ISREG(st.st_mode) else 0), st.st_mtime_ns
-
-
-def stamp_ns(text: str, fmt: str = "%Y-%m-%dT%H:%M:%S") -> int:
-    """A UTC time at the start of ``text`` (a journal ``ts``, a draft id), in ns; the
-    milliseconds of a ``ts`` (``2026-11-30T10:12:03.123Z``) included. 0 if none is there."""
-    width = len(time.strftime(fmt, time.gmtime(0)))
-    try:
-        ns = calendar.timegm(time.strptime(text[:width], fmt)) * 10**9
-    except ValueError:
-        return 0
-    ms = text[width + 1 : width + 4]
-    return ns + int(ms) * 10**6 if text[width : width + 1] == "." and ms.isdigit() else ns
-
-
-def _json(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2) + "\n").encode()
-
-
-def write_state_file(state_fd: int, name: bytes, data: bytes) -> None:
-    """Atomically replace a file of the state directory (write, fsync, rename)."""
-    tmp = name + b".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, dir_fd=state_fd)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, name, src_dir_fd=state_fd, dst_dir_fd=state_fd)
-
-
-class BatchViews:
-    """``.rw/batches/``: ``mkdir NAME`` opens a batch; ``NAME/status``, ``diff``, ``ctl``."""
-
-    def __init__(self, control: Control, top: CDir) -> None:
-        self.c = control
-        self.top = top
-        top.refresh, top.mkdir, top.rmdir = self.refresh, self.mkdir, self.rmdir
-        top.taken = lambda name: self.c.batches.taken(name.decode("utf-8", "replace"))
-
-    def refresh(self) -> None:
-        names = {n.encode() for n, b in self.c.batches.all.items() if not b.record.get("removed")}
-        for gone in set(self.top.children) - names:
-            self.c.remove(self.top, gone)
-        for name in names - set(self.top.children):
-            self._add(name.decode())
-
-    def _add(self, name: str) -> None:
-        b = self.c.batches
-        d = self.c.mkdir(self.top, name.encode())
-        status = self.c.add(d, b"status", lambda: _json(b.status(b.all[name])))
-        diff = self.c.add(d, b"diff", lambda: b.diff(b.all[name]))
-        diff.slow = True
-        status.perm = diff.perm = functools.partial(self._opener, name)
-        where = f".rw/batches/{name}/ctl"
-
-        def plain(run: Callable[[Any], Awaitable[None]], verb: str) -> Verb:
-            async def verb_fn(args: list[str], who: dict[str, Any]) -> None:
-                no_args(args, verb, where)
-                b.may_steer(b.all[name], who)
-                await run(b.all[name])
-
-            return verb_fn
-
-        async def scope(args: list[str], who: dict[str, Any]) -> None:
-            await b.set_scope(b.all[name], args, who)
-
-        verbs: dict[str, Verb] = {
-            "commit": plain(b.commit, "commit"),
-            "abort": plain(b.abort, "abort"),
-            "resume": plain(self._resume, "resume"),
-            "rollback": plain(self._rollback, "rollback"),
-            "scope": scope,
-        }
-        self.c.add(d, b"ctl", lambda: b"", verb_file(verbs, where), verbs=True)
-
-    def _opener(self, name: str) -> Perm:
-        """A batch's status and diff (its files' names, digests and bytes): its opener's
-        alone; the workspace owner's for a batch rwfs opened itself (recovery)."""
-        batch = self.c.batches.all.get(name)
-        who = batch.record.get("opened_by") or {} if batch is not None else {}
-        if isinstance(who.get("uid"), int) and isinstance(who.get("gid"), int):
-            return who["uid"], who["gid"], 0o400
-        if isinstance(who.get("uid"), int):  # (opened before gids were recorded)
-            return who["uid"], self.c.ws_owner()[1], 0o400
-        return (*self.c.ws_owner(), 0o400)
-
-    async def _resume(self, batch: Any) -> None:
-        await self.c.batches.protocol.resume(batch)
-
-    async def _rollback(self, batch: Any) -> None:
-        await self.c.batches.protocol.rollback(batch)
-
-    async def mkdir(self, name: bytes, who: dict[str, Any]) -> None:
-        await self.c.batches.open(name, who)
-        self.refresh()
-
-    async def rmdir(self, name: bytes) -> None:
-        await self.c.batches.forget(name.decode("utf-8", "replace"))
-        self.refresh()
 
 
 # mkdir(2) and mkdirat(2) by syscall number, with the index of their path argument, per
@@ -1004,324 +563,3 @@ def making_dir(tid: int, name: bytes) -> bool:
     except (OSError, ValueError, IndexError):
         return False
     return path.split(b"\0", 1)[0].rstrip(b"/").rsplit(b"/", 1)[-1] == name
-
-
-class ConflictViews:
-    """``.rw/conflicts/<id>/``: ``info``, ``base``, ``intended``, ``actual``, ``merged``,
-    ``ctl`` for each open conflict (SPEC §6.3)."""
-
-    def __init__(self, control: Control, top: CDir) -> None:
-        self.c = control
-        self.top = top
-        top.refresh = self.refresh
-
-    def refresh(self) -> None:
-        found = {
-            str(c["id"]).encode(): c for c in self.c.ws.store.conflicts() if c["state"] == "open"
-        }
-        for gone in set(self.top.children) - set(found):
-            self.c.remove(self.top, gone)
-        for key in set(found) - set(self.top.children):
-            self._add(found[key])
-
-    def _add(self, info: dict[str, Any]) -> None:
-        ws = self.c.ws
-        d = self.c.mkdir(self.top, str(info["id"]).encode())
-        # Every file but ctl shows the file's bytes or digests: it has the file's owner and
-        # mode (the directory's names are fixed, and ctl stays the daemon's).
-        perm = self.c._perm_of(info.get("path") or "")
-        self.c.add(d, b"info", _constant(_json({**info, "time": info["ts"]}))).perm = perm
-        for name, digest in ((b"base", info["expected"]), (b"intended", info["intended"])):
-            node = self.c.add(d, name, functools.partial(conflicts.object_bytes, ws, digest))
-            node.slow, node.perm = True, perm
-            if digest is not None:  # (an absent file reads as empty)
-                node.stat = functools.partial(object_stat, ws, digest)
-        # The live file, or a batch's draft kept as an object: sized by rendering it.
-        for name, render in (
-            (b"actual", lambda: conflicts.actual_bytes(ws, info)),
-            (b"merged", lambda: conflicts.merged(ws, info)),
-        ):
-            node = self.c.add(d, name, render)
-            node.slow, node.perm = True, perm
-        where = f".rw/conflicts/{info['id']}/ctl"
-
-        def settle(verb: str) -> Verb:
-            async def verb_fn(args: list[str], who: dict[str, Any]) -> None:
-                no_args(args, verb, where)
-                await conflicts.resolve(ws, info["id"], verb, who)
-                self.refresh()
-
-            return verb_fn
-
-        verbs = {v: settle(v) for v in conflicts.VERBS}
-        self.c.add(d, b"ctl", lambda: b"", verb_file(verbs, where), verbs=True)
-
-
-class HistoryViews:
-    """``.rw/history/<path>/``: one read-only file per version of each journaled path,
-    oldest first (SPEC §8); directories mirror the paths that have a history."""
-
-    def __init__(self, control: Control, node: CDir, prefix: bytes) -> None:
-        self.c = control
-        self.node = node
-        self.prefix = prefix
-        self.at = -1  # the journal's LSN at the last refresh
-        node.refresh, node.settle, node.find = self.refresh, True, self.find
-        node.perm = functools.partial(control.history_perm, prefix)
-
-    def _path(self, name: bytes) -> bytes:
-        return self.prefix + b"/" + name if self.prefix else name
-
-    def _child(self, name: bytes) -> CDir:
-        child = self.c.mkdir(self.node, name)
-        if child.refresh is None:
-            HistoryViews(self.c, child, self._path(name))
-        return child
-
-    def find(self, name: bytes) -> CNode | None:
-        """A path ``history/`` does not list (a temporary file renamed over its target, a
-        removed copy of bytes another path keeps) is still there by name."""
-        if not self.c.history.has_below(self._path(name)):
-            return None
-        self.node.unlisted.add(name)
-        return self._child(name)
-
-    def refresh(self) -> None:
-        # Every lookup below refreshes its directory: what it shows changes only with the
-        # journal (commits, removals, gc's event), so once per LSN, not once per entry.
-        at = self.c.ws.store.meta_int(b"lsn")
-        if at == self.at:
-            return
-        h = self.c.history
-        listed = h.children(self.prefix, listed=True)
-        for name in listed:
-            self._child(name)
-        dirs = {n for n, c in self.node.children.items() if isinstance(c, CDir)}
-        self.node.unlisted = dirs - listed
-        wanted = {}
-        for v in h.versions(self.prefix) if self.prefix else []:
-            # Readable: kept as an object, or a live file holds it (this one, or the one
-            # it was renamed to).
-            if self.c.ws.objects.exists(str(v.digest)) or h.holders(str(v.digest)):
-                wanted[v.name.encode()] = v
-        for key in [k for k, c in self.node.children.items() if isinstance(c, CFile)]:
-            if key not in wanted:  # gone by gc, or no longer a version of this path
-                self.c.remove(self.node, key)
-        for key, v in wanted.items():
-            node = self.node.children.get(key)
-            if not isinstance(node, CFile):
-                node = self.c.add(self.node, key, self._reader(v))
-                node.slow, node.stat = True, self._stat(v)
-            # The version's owner and mode (a later chmod of these bytes included).
-            node.perm = functools.partial(self.c.file_perm, self.prefix, v.owner, v.mode)
-        self.at = at
-
-    def _stat(self, v: Version) -> Callable[[], tuple[int, int]]:
-        """The size of a version's bytes (the object's, or the live file's that holds
-        them) and the time of the version."""
-        digest = str(v.digest)
-        return lambda: (self.c.version_stat(digest, self.prefix)[0], stamp_ns(v.ts))
-
-    def _reader(self, v: Version) -> Callable[[], bytes]:
-        digest, where = str(v.digest), b".rw/history/" + self.prefix + b"/" + v.name.encode()
-        return lambda: self.c.version_bytes(digest, self.prefix, where)
-
-
-class SnapshotViews:
-    """``.rw/snapshots/``: ``mkdir NAME`` names the journal's current point; ``NAME/tree/``
-    is the workspace as it was then, read-only (SPEC §8)."""
-
-    def __init__(self, control: Control, top: CDir) -> None:
-        self.c = control
-        self.top = top
-        top.refresh, top.mkdir, top.rmdir = self.refresh, self.mkdir, self.rmdir
-        top.taken = self.taken
-        # name -> snapshot, read from the store once, then kept up to date by mkdir and
-        # rmdir (nothing else writes the snapshots while the mount is served): a lookup
-        # under snapshots/ reads no record, so each operation costs the same at 10 or
-        # 10,000 snapshots, and a listing reading each info is linear.
-        self._snaps: dict[bytes, dict[str, Any]] | None = None
-
-    def _all(self) -> dict[bytes, dict[str, Any]]:
-        if self._snaps is None:
-            self._snaps = {s["name"].encode(): s for s in self.c.ws.store.snapshots()}
-            for key, snap in self._snaps.items():
-                self._show(key, snap)
-        return self._snaps
-
-    def get(self, name: str) -> dict[str, Any] | None:
-        return self._all().get(name.encode())
-
-    def taken(self, raw: bytes) -> RwfsError | None:
-        if raw not in self._all():
-            return None
-        return RwfsError(
-            errno.EEXIST,
-            "policy_violation",
-            "verb",
-            f"No snapshot was made because snapshot {raw.decode('utf-8', 'replace')} exists "
-            "already; choose another name.",
-            path=".rw/snapshots",
-        )
-
-    def refresh(self) -> None:
-        self._all()
-
-    def _show(self, key: bytes, snap: dict[str, Any]) -> None:
-        d = self.c.mkdir(self.top, key)
-        self.c.add(d, b"info", _constant(_json(snap)))
-        TreeView(
-            self.c,
-            self.c.mkdir(d, b"tree"),
-            int(snap["lsn"]),
-            b"",
-            b".rw/snapshots/" + key + b"/tree",
-        )
-
-    async def mkdir(self, raw: bytes, who: dict[str, Any]) -> None:
-        name = plain_name(raw)
-        if name is None:
-            raise verb_error(
-                f"No snapshot was made because {raw.decode('utf-8', 'replace')[:40]!r} is not a snapshot name: use 1 to "
-                "64 letters, digits, dots, dashes or underscores, not starting with a dash.",
-                ".rw/snapshots",
-            )
-        taken = self.taken(raw)
-        if taken is not None:
-            raise taken
-        await self.c.ws.committer.sync()  # the point named includes every write acknowledged so far
-        snap = {"name": name, "lsn": self.c.ws.store.meta_int(b"lsn"), "ts": now_iso(), **who}
-        await trio.to_thread.run_sync(self.c.ws.store.write, lambda txn: txn.put_snapshot(snap))
-        self._all()[name.encode()] = snap
-        self._show(name.encode(), snap)
-
-    async def rmdir(self, raw: bytes) -> None:
-        name = raw.decode("utf-8", "replace")
-        if self.get(name) is None:
-            raise RwfsError(
-                errno.ENOENT,
-                "policy_violation",
-                "verb",
-                f"There is no snapshot {name}.",
-                path=".rw/snapshots",
-            )
-        await trio.to_thread.run_sync(self.c.ws.store.write, lambda txn: txn.delete_snapshot(name))
-        self._all().pop(name.encode(), None)
-        self.c.remove(self.top, name.encode())
-
-    def changes_since(
-        self, snap: dict[str, Any], paths: list[bytes]
-    ) -> dict[bytes, tuple[str | None, str | None]]:
-        """What restoring ``snap`` (or those paths, and what is below them) means: path ->
-        (what the journal says it holds now, what it held then)."""
-        out = {}
-        lsn = int(snap["lsn"])
-        for path, versions in self.c.history.timelines(paths or None):
-            i = bisect.bisect_right([v.lsn for v in versions], lsn)
-            then = versions[i - 1].digest if i else None
-            if versions[-1].lsn > lsn and versions[-1].digest != then:
-                out[path] = (versions[-1].digest, then)
-        return out
-
-
-class TreeView:
-    """One directory of a snapshot's tree: the live tree's entries, with every journaled
-    path that changed since the snapshot shown as it was then (or hidden, if it did not
-    exist then)."""
-
-    def __init__(self, control: Control, node: CDir, lsn: int, prefix: bytes, top: bytes) -> None:
-        self.c = control
-        self.node = node
-        self.lsn = lsn
-        self.prefix = prefix
-        self.top = top  # .rw/snapshots/NAME/tree, for error envelopes
-        self.at: tuple[int, tuple[int, int, int]] | None = None  # what the last refresh saw
-        node.refresh, node.settle = self.refresh, True
-        node.perm = functools.partial(control.dir_perm, prefix)
-
-    def _seen(self) -> tuple[int, tuple[int, int, int]] | None:
-        """What this directory's entries depend on: the journal's LSN and the live
-        directory's identity and times. None while the directory changed less than a
-        second ago (its times may not have moved for a change made in the same tick)."""
-        try:
-            fd = self.c.ws.root_fd
-            st = beneath.stat(fd, self.prefix) if self.prefix else os.fstat(fd)
-        except OSError:
-            return None
-        if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < 1_000_000_000:
-            return None
-        return self.c.ws.store.meta_int(b"lsn"), (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-
-    def _entries(self) -> dict[bytes, str | None]:
-        """name -> "dir", or the digest of a file as it was ("live": unchanged since)."""
-        ws, h = self.c.ws, self.c.history
-        out: dict[bytes, str | None] = {}
-        try:
-            fd = beneath.opendir(ws.root_fd, self.prefix)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            try:
-                for entry in os.scandir(fd):
-                    name = os.fsencode(entry.name)
-                    if not self.prefix and name == b".rw":
-                        continue
-                    out[name] = "dir" if entry.is_dir(follow_symlinks=False) else "live"
-            finally:
-                os.close(fd)
-        for name in h.children(self.prefix):
-            path = self.prefix + b"/" + name if self.prefix else name
-            changed, then = h.state_at(path, self.lsn)
-            if changed:  # (a path with no timeline never changed)
-                if then is None:
-                    out.pop(name, None)
-                else:
-                    out[name] = then
-            if h.exists_below_at(path, self.lsn):
-                out[name] = "dir"
-        return out
-
-    def refresh(self) -> None:
-        # Every lookup below refreshes its directory: once per change, not once per entry.
-        seen = self._seen()
-        if seen is not None and seen == self.at:
-            return
-        entries = self._entries()
-        for gone in set(self.node.children) - set(entries):
-            self.c.remove(self.node, gone)
-        for name, what in entries.items():
-            path = self.prefix + b"/" + name if self.prefix else name
-            node = self.node.children.get(name)
-            if what == "dir":
-                if not isinstance(node, CDir):
-                    self.c.remove(self.node, name)
-                    TreeView(self.c, self.c.mkdir(self.node, name), self.lsn, path, self.top)
-                continue
-            if not isinstance(node, CFile):
-                self.c.remove(self.node, name)
-                node = self.c.add(self.node, name, lambda: b"")
-                node.slow = True
-            node.render = self._reader(path, what)
-            node.stat = self._stat(path, what)
-            node.perm = self._perm(path, what)
-        self.at = seen
-
-    def _perm(self, path: bytes, what: str | None) -> Callable[[], Perm]:
-        """A file unchanged since: the live file's owner and mode; one changed since: those
-        of its version then."""
-        v = None if what == "live" else self.c.history.version_at(path, self.lsn)
-        if v is None:
-            return functools.partial(self.c.file_perm, path)
-        return functools.partial(self.c.file_perm, path, v.owner, v.mode)
-
-    def _reader(self, path: bytes, what: str | None) -> Callable[[], bytes]:
-        ws = self.c.ws
-        if what == "live":
-            return lambda: conflicts.live_bytes(ws, os.fsdecode(path))
-        return lambda: self.c.version_bytes(str(what), path, self.top + b"/" + path)
-
-    def _stat(self, path: bytes, what: str | None) -> Callable[[], tuple[int, int]]:
-        ws = self.c.ws
-        if what == "live":
-            return lambda: live_stat(ws, path)
-        return lambda: self.c.version_stat(str(what), path)
