@@ -213,11 +213,11 @@ def test_a_stale_write_in_a_batch_keeps_the_draft_and_records_real_digests(
 
 def test_log_prints_any_event_shape() -> None:
     """``rwfs log`` shortens digests; a value that is not one must not crash it."""
-    from rwfs.cli.commands import _short
+    from rwfs.cli.reading import short
 
-    assert _short("sha256:" + "ab" * 32) == "ab" * 6
+    assert short("sha256:" + "ab" * 32) == "ab" * 6
     for odd in ("unknown", "", None, 7, "sha256:", ":x"):
-        assert isinstance(_short(odd), str)
+        assert isinstance(short(odd), str)
 
 
 # ---- 3. the gates run at every commit point of a batch ----

@@ -117,7 +117,7 @@ def test_the_graph_is_read():
     # Guards the reader itself: these imports exist (at the top, and inside a function,
     # relative to the package and to the one above it).
     assert "journal.store" in g["features.history"] and "journal.timelines" in g["journal.store"]
-    assert "cli.run" in g["cli.commands"] and "fuse.kernelflags" in g["cli.commands"]
+    assert "cli.run" in g["cli.commands"] and "fuse.kernelflags" in g["cli.mounting"]
     assert "policy" in g["core.workspace"]
 
 
