@@ -17,7 +17,7 @@ from conftest import RWFS, Mount, check_clean, prepare_state
 from test_rights import OTHER, as_other, shared  # noqa: F401  (shared: a fixture)
 
 from rwfs.checks.allowances import WAIVES, Allowance, Allowances, allow_hint, waivable, waive
-from rwfs.checks.gates import Finding
+from rwfs.checks.findings import Finding
 
 LINES = "".join(f"line {i} of a long test file, with enough words to count\n" for i in range(120))
 KEPT = "".join(LINES.splitlines(True)[:15])  # the first 15 lines: most of the file deleted

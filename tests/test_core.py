@@ -294,7 +294,7 @@ NOT_ELIDED = [
 
 
 def test_elision_placeholders_and_ordinary_comments() -> None:
-    from rwfs.checks.gates import _placeholder
+    from rwfs.checks.placeholders import _placeholder
 
     assert [line for line in ELIDED if not _placeholder(line)] == []
     assert [line for line in NOT_ELIDED if _placeholder(line)] == []
@@ -337,7 +337,7 @@ def test_gates_on_bytes() -> None:
 
 
 def test_risk_score_follows_the_paper() -> None:
-    from rwfs.checks.gates import risk
+    from rwfs.checks.secrets import risk
 
     assert risk(b"def f():\n    return 1\n") == {
         "score": 0.0,
@@ -405,25 +405,25 @@ def test_risk_prefilters_find_exactly_what_the_patterns_find() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from rwfs.checks import gates
+    from rwfs.checks import secrets as gate
 
     @settings(max_examples=300, deadline=None)
     @given(st.lists(st.sampled_from(_RISK_PIECES), max_size=60))
     def check(pieces: list[bytes]) -> None:
         data = b"".join(pieces)
         # The one-pass search finds exactly the needles a substring search finds.
-        for view, needles in gates._NEEDLES.needles.items():
-            seen = gates._VIEWS[view](data)
-            assert gates._NEEDLES.present(view, seen) == {n for n in needles if n in seen}
-        for _, patterns in gates._FAMILIES.values():
+        for view, needles in gate._NEEDLES.needles.items():
+            seen = gate._VIEWS[view](data)
+            assert gate._NEEDLES.present(view, seen) == {n for n in needles if n in seen}
+        for _, patterns in gate._FAMILIES.values():
             for p in patterns:
                 whole = {m.group(0) for m in p.regex.finditer(data)}
-                assert set(gates._matches(p, data, {})) == whole, (p.regex.pattern, data)
+                assert set(gate._matches(p, data, {})) == whole, (p.regex.pattern, data)
 
     check()
     # Every family can be found at all (the pieces are not all near misses).
     one = b"".join(_RISK_PIECES[:2]) + b"Q" * 40 + b" john.doe@example.com 123-45-6789"
-    assert {"api_key", "pii"} <= set(gates.risk(one)["detected_patterns"])
+    assert {"api_key", "pii"} <= set(gate.risk(one)["detected_patterns"])
 
 
 def test_another_tasks_flush_does_not_leave_the_committer_waiting_out_its_interval(

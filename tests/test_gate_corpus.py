@@ -23,7 +23,7 @@ from gate_corpus import (
     table,
 )
 
-from rwfs.checks import gates
+from rwfs.checks import gates, placeholders
 
 SEED, PER_GROUP = 15, 20
 FAILURES = {
@@ -108,14 +108,14 @@ def test_legitimate_edits_pass(
 def test_every_phrasing_in_every_comment_syntax_is_a_placeholder(syntax: str) -> None:
     for phrase in PHRASINGS:
         line = syntax.format(phrase).encode()
-        assert gates._marker(line) >= gates._WEAK, line
+        assert placeholders.marker(line) >= placeholders.WEAK, line
 
 
 def test_ordinary_comments_and_code_with_dots_are_not_placeholders() -> None:
     for syntax in ("# {}", "// {}", "/* {} */", "<!-- {} -->"):
         for text in DOTTED:
             line = syntax.format(text).encode()
-            assert gates._marker(line) < gates._WEAK, line
+            assert placeholders.marker(line) < placeholders.WEAK, line
     for line in (
         b"def f(self) -> int: ...",
         b"x = y[..., 0]",
@@ -128,7 +128,7 @@ def test_ordinary_comments_and_code_with_dots_are_not_placeholders() -> None:
         b"// More tests",
         b"# Deprecated helpers removed",
     ):
-        assert gates._marker(line) < gates._WEAK, line
+        assert placeholders.marker(line) < placeholders.WEAK, line
 
 
 def _module(body: str) -> str:
@@ -168,7 +168,8 @@ def test_docstrings_are_told_from_code() -> None:
     )
     lines = src.split(b"\n")
     inside = [
-        gates._in_docstring(src, sum(len(x) + 1 for x in lines[:i])) for i in range(len(lines))
+        placeholders.in_docstring(src, sum(len(x) + 1 for x in lines[:i]))
+        for i in range(len(lines))
     ]
     at = {i for i, flag in enumerate(inside) if flag}
     assert {2, 8} <= at and not at & {0, 1, 4, 5, 6, 7, 10}

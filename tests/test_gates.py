@@ -1092,6 +1092,19 @@ def test_the_last_definition_assigned_or_a_block_deleted_is_no_cut() -> None:
     assert "truncation" in gated("lib/utils.js", big, big[: big.index("  a['k9']")])
 
 
+def test_a_deleted_definition_whose_strings_hold_brackets_is_no_cut() -> None:
+    """A bracket inside a string or a comment of the deleted lines is not code: they are
+    still one whole definition (the quick count of brackets strips strings and comments
+    first; a pattern of the elision gate's had shadowed that one, and such deletions
+    were refused)."""
+    body = "".join(f"  const v{i} = {i};\n" for i in range(40))
+    last = f'\nfunction report() {{\n  console.log("a {{ brace"); // and ( one\n{body}}}\n'
+    assert gated("lib/report.js", _module(3) + last, _module(3)) == []
+    # Cut inside it: refused as before.
+    whole = _module(3) + last
+    assert "truncation" in gated("lib/report.js", whole, whole[: whole.index("  const v9")])
+
+
 def test_an_emptied_file_is_refused_and_says_so() -> None:
     from rwfs.checks import gates
     from rwfs.policy import Policy

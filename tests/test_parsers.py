@@ -4,7 +4,7 @@ Each format keeps something of a path's last parse (a tree-sitter tree, or an ou
 blocks) and parses the next version only around the edit. These property tests drive
 random edit sessions over realistic files and compare, at every step, the quick answer
 (``parse(new, path, previous)``) with a fresh full parse of the same bytes. Blocks are
-kept whatever their size here (``_MIN_BLOCK = 0``), so that nested blocks are exercised
+kept whatever their size here (``MIN_BLOCK = 0``), so that nested blocks are exercised
 in small files, and each test checks that the quick path was really taken.
 """
 
@@ -21,13 +21,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rwfs.checks import parsers
+from rwfs.checks import outlines, parsers
 
 
 @pytest.fixture
 def every_block(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     """Keep blocks of any size, and count the reparses that did not need a full parse."""
-    monkeypatch.setattr(parsers, "_MIN_BLOCK", 0)
+    monkeypatch.setattr(outlines, "MIN_BLOCK", 0)
     counts = {"quick": 0, "steps": 0}
     real = parsers._reparse
 
@@ -267,13 +267,13 @@ def test_nested_blocks_bound_the_reparse(monkeypatch: pytest.MonkeyPatch) -> Non
     assert len(old) > 20_000
     new = old.replace(b"x + 200\n", b"x + 201\n")
     seen: list[int] = []
-    real = parsers._PythonOutline.piece
+    real = outlines.PythonOutline.piece
 
     def spy(self: Any, block: Any, text: bytes) -> Any:
         seen.append(len(text))
         return real(self, block, text)
 
-    monkeypatch.setattr(parsers._PythonOutline, "piece", spy)
+    monkeypatch.setattr(outlines.PythonOutline, "piece", spy)
     parse = parsers.PARSERS["python"]
     assert parse(old, b"big.py") is None
     assert parse(new, b"big.py", old) is None

@@ -20,6 +20,7 @@ import pytest
 from conftest import RWFS, Mount, check_clean, prepare_state, rwfs_mounted
 
 from rwfs.checks import gates
+from rwfs.checks import secrets as secrets_gate
 from rwfs.policy import DEFAULT_TEXT
 
 # Letters outside a-f where it matters, so that no piece of a value is also a piece of a
@@ -107,7 +108,7 @@ def read_reports(m: Mount, name: str) -> dict[str, str]:
 
 
 def test_risk_names_kind_line_and_column_only() -> None:
-    report = gates.risk(TEXT.encode())
+    report = secrets_gate.risk(TEXT.encode())
     assert set(report["detected_patterns"]) >= {
         "api_key",
         "aws_secret",
@@ -126,7 +127,7 @@ def test_risk_names_kind_line_and_column_only() -> None:
     assert all(set(m) == {"pattern", "line", "column"} for m in report["matches"])
     assert_no_leak("risk()", json.dumps(report))
     # Columns count characters: an "é" before a key is one column.
-    (m,) = gates.risk("é AKIAQZXWVUTSRPONMLKJ\n".encode())["matches"]
+    (m,) = secrets_gate.risk("é AKIAQZXWVUTSRPONMLKJ\n".encode())["matches"]
     assert (m["line"], m["column"]) == (1, 3)
 
 

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .gates import Finding
+from .findings import Finding
 
 # The gates an allowance waives: those that judge whether a file was broken. Not "secrets".
 WAIVES = ("truncation", "elision", "stub", "duplication", "syntax", "cannot_judge")

@@ -26,7 +26,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from .. import beneath
-from ..checks import gates, parsers
+from ..checks import gates, parsers, secrets
 from ..core.errors import RwfsError
 from ..core.workspace import Workspace
 from ..features import conflicts, gc
@@ -285,7 +285,7 @@ class Control:
         finally:
             os.close(fd)
         if view == "risk":
-            return gates.risk(data)
+            return secrets.risk(data)
         try:
             fmt, errors = parsers.parse_errors(path, data)
         except parsers.CannotJudge as exc:  # (nested deeper than its parser goes)

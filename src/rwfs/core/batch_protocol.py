@@ -15,7 +15,7 @@ import trio
 
 from .. import beneath, faults
 from ..checks.allowances import Allowance, waivable, waive, writer_uid
-from ..checks.gates import Finding
+from ..checks.findings import Finding
 from ..journal.objects import open_regular
 from . import rights
 from .batch import (

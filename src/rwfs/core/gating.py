@@ -11,6 +11,7 @@ import trio
 
 from ..checks import gates, parsers
 from ..checks.allowances import Allowance, waivable, waive, writer_uid
+from ..checks.findings import Finding
 from ..journal.objects import open_regular
 from .syscalls import WORKERS, borrowed, rel
 
@@ -28,9 +29,7 @@ class Gating:
     def __init__(self, ws: Workspace) -> None:
         self.ws = ws
 
-    async def run(
-        self, path: bytes, base_fd: int, new_fd: int, cut: bool = False
-    ) -> list[gates.Finding]:
+    async def run(self, path: bytes, base_fd: int, new_fd: int, cut: bool = False) -> list[Finding]:
         """The gates' findings on new bytes (a sealed stage, a file renamed onto ``path``)
         against the bytes they replace. ``cut``: their last change is an explicit
         truncation by the caller (``Stage.cut_last``; ``gates.check``)."""
@@ -50,9 +49,7 @@ class Gating:
         size = os.fstat(base_fd).st_size
         return size <= GATES_ON_LOOP and parsers.quick(path, lambda: os.pread(base_fd, size, 0))
 
-    def run_now(
-        self, path: bytes, base_fd: int, stage_fd: int, cut: bool = False
-    ) -> list[gates.Finding]:
+    def run_now(self, path: bytes, base_fd: int, stage_fd: int, cut: bool = False) -> list[Finding]:
         t = time.perf_counter()
         limit = gates.MAX_GATED_BYTES + 1
         if os.fstat(stage_fd).st_size >= limit or (
@@ -87,9 +84,9 @@ class Gating:
         self,
         path: bytes,
         who: dict[str, Any],
-        findings: list[gates.Finding],
+        findings: list[Finding],
         taken: Allowance | None = None,
-    ) -> tuple[list[gates.Finding], Allowance | None]:
+    ) -> tuple[list[Finding], Allowance | None]:
         """Where gate findings become a refusal: the writer's allowance of ``path``, if it
         has one, is used up by this commit and waives what it may (allowances.py). Returns
         the findings left and the allowance used (its ``record()`` goes in the commit's

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..checks import gates
 from ..checks.allowances import allow_hint, waivable
+from ..checks.findings import Finding
 from ..journal.store import JournalUnavailable
 from .errors import RwfsError
 from .syscalls import WORKERS, borrowed, fsdecode
@@ -34,7 +34,7 @@ class Refusals:
         draft_fd: int,
         expected: str | None,
         intended: str,
-        findings: list[gates.Finding],
+        findings: list[Finding],
         info: dict[str, Any],
     ) -> RwfsError:
         """Keep a refused draft, journal the refusal, and say so to the writer (SPEC §4.2-4.3)."""

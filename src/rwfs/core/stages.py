@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..checks import gates
+from ..checks.findings import Finding
 from ..journal.objects import TrailingHash, copy_fd, digest_fd, open_regular, unique_id
 from .syscalls import WORKERS, borrowed, copy_metadata, keep_atime, quiet_reader, rel
 
@@ -259,7 +259,7 @@ class Stages:
 
     async def seal(
         self, stage: Stage, gate: tuple[bytes, int] | None = None
-    ) -> tuple[str, int, list[gates.Finding]]:
+    ) -> tuple[str, int, list[Finding]]:
         """Hash a stage: (intended digest, size, findings). With ``gate`` = (path, the
         base's descriptor) the gates run too if the bytes changed, in the same worker-thread
         hop: a small file's commit is mostly hops, so this is one less. A small stage is
@@ -268,7 +268,7 @@ class Stages:
         # atomic: the caller set stage.sealed before this await, so no write can slip in.
         trail, stage.trail = stage.trail, None
 
-        def work(stage_fd: int, base_fd: int) -> tuple[str, int, list[gates.Finding]]:
+        def work(stage_fd: int, base_fd: int) -> tuple[str, int, list[Finding]]:
             got = trail.finish() if trail is not None else None
             if got is None:
                 got = digest_fd(stage_fd)
