@@ -183,7 +183,7 @@ def undo_of(store: Store, batch: str) -> dict[bytes, tuple[str | None, str | Non
 
     from rwfs.core.batches import Batches
 
-    return Batches(SimpleNamespace(store=store)).changes_of(batch)  # type: ignore[arg-type]
+    return Batches(SimpleNamespace(store=store)).protocol.changes_of(batch)  # type: ignore[arg-type]
 
 
 def test_undo_of_a_save_by_removal_and_re_creation_gives_back_the_old_bytes(
