@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Container
 from typing import Any
 
 from .mount import (
@@ -92,19 +93,24 @@ def alive(mount: str) -> str:
 TEMPORARY: list[str] = []
 
 
+def _mounted_above(path: str, mounts: Container[str]) -> str | None:
+    """The mount point of ``mounts`` that holds ``path`` (or is it), if one does."""
+    here = os.path.realpath(path)
+    while here not in mounts:
+        if here == "/":
+            return None
+        here = os.path.dirname(here)
+    return here
+
+
 def mount_of(path: str) -> str:
     """The rwfs mount holding ``path`` (batches and conflicts live in a mounted ``.rw/``).
     A workspace that is not mounted is mounted for the length of this command."""
     from .run import find_workspace
 
-    here = os.path.realpath(path)
-    mounts = rwfs_mounts()
-    while True:
-        if here in mounts:
-            return alive(here)
-        if here == "/":
-            break
-        here = os.path.dirname(here)
+    here = _mounted_above(path, rwfs_mounts())
+    if here is not None:
+        return alive(here)
     ws, mount = find_workspace(path)
     if mount is not None:
         return alive(mount)
@@ -155,13 +161,9 @@ def live_mount(starts: list[str]) -> str:
 
     mounts = rwfs_mounts()
     for start in starts:
-        here = os.path.realpath(start)
-        while True:
-            if here in mounts:
-                return alive(here)
-            if here == "/":
-                break
-            here = os.path.dirname(here)
+        here = _mounted_above(start, mounts)
+        if here is not None:
+            return alive(here)
     ws, mount = find_workspace(starts[0])
     if mount is None:
         raise QuietError(
