@@ -550,6 +550,34 @@ def test_a_stage_dropped_while_its_group_is_not_synced_keeps_its_name_until_the_
     assert [(e["path"], e.get("links")) for e in writes] == [("f0", ["g0"])]
 
 
+def test_a_group_taken_is_applied_though_its_taker_is_cancelled(ws: Any) -> None:
+    """A flush whose caller is cancelled once it has taken the queue (gc's collection at
+    unmount, whose scope the daemon cancels) still applies and records the group: the
+    commits it took are in no queue any more, and nothing else would land them."""
+    import trio
+
+    (ws.tree / "f0").write_bytes(b"old")
+
+    async def main() -> None:
+        ws.committer.open_intents()
+        ws.policy.commit_interval_ms = 3_600_000  # only the flush below takes the queue
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ws.committer.run)
+            c = await submit_new(ws, 0, False, owner=object())
+            async with ws.committer.commit_lock:  # as gc holds it (``exclusive``)
+                with trio.CancelScope() as scope:
+                    scope.cancel()  # cancelled before the group's thread starts
+                    await ws.committer.flush_locked()
+            assert ws.committer.owed_commits() == 0
+            assert c.done.is_set() and c.outcome == "committed"
+            assert (ws.tree / "f0").read_bytes() == b"new 0"
+            await ws.committer.close()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert [e["path"] for e in ws.store.events() if e["op"] == "write"] == ["f0"]
+
+
 def test_a_long_queue_starts_a_group_and_holds_writers_back(ws: Any, monkeypatch: Any) -> None:
     # Each queued commit holds descriptors: the queue must stay bounded (SPEC §1).
     import trio

@@ -7,7 +7,9 @@ the flush at unmount.
 Concurrency (trio: tasks interleave only at ``await``):
 
 - ``flush_locked`` takes the queue and rotates the intent log with no await between: every
-  record of generation G belongs to the group that applies G.
+  record of generation G belongs to the group that applies G. A group taken is applied
+  whatever happens to the task that took it: ``_attempt`` shields its wait for the thread
+  (a cancelled gc at unmount had left a group in no queue, unapplied).
 - In ``operation``, the namespace syscall between ``announce`` and ``confirm``/``cancel``
   is synchronous: its records land in one generation, where recovery matches them.
 - ``commit_lock`` serialises the groups and every other writer of the journal's records
@@ -414,17 +416,21 @@ class Committer:
         }
         started = time.perf_counter()
         try:
-            await trio.to_thread.run_sync(
-                self.ws.landing.apply_group,
-                group,
-                gens,
-                progress,
-                trio.lowlevel.current_trio_token(),
-                (before, before_gens),
-                record,
-                self.ws.stages.unsynced is not None,
-                limiter=WORKERS,
-            )
+            # Shielded: the group is in no queue any more, so a caller cancelled now (gc's
+            # collection at unmount) must not leave it unapplied. (The thread, once it
+            # runs, is never cancelled; this covers the wait for it to start.)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(
+                    self.ws.landing.apply_group,
+                    group,
+                    gens,
+                    progress,
+                    trio.lowlevel.current_trio_token(),
+                    (before, before_gens),
+                    record,
+                    self.ws.stages.unsynced is not None,
+                    limiter=WORKERS,
+                )
         except Exception as exc:  # LMDB or the disk failed: never let it stop the daemon
             self._inflight = []
             self.ws.journal.failed(str(exc))
