@@ -8,8 +8,9 @@ before it (``tests/test_imports.py`` checks it):
 - ``checks/``: the gates that judge new bytes, their parsers and the allowances;
 - ``journal/``: what is on disk: the LMDB store and its history index, the object
   store, the intent log;
-- ``core/``: what a write becomes: stages and the group committer (``workspace``), the
-  commit decision (``files``), batches, the inode table, recovery;
+- ``core/``: what a write becomes: the workspace and its parts (stages, the group
+  committer), a file's life and the commit decision (``files``, ``decision``), batches,
+  the inode table, recovery;
 - ``features/``: history, conflicts, run sessions, gc, fsck;
 - ``control/``: the ``.rw/`` tree and its control files;
 - ``fuse/``: the request handlers, and the C extension beside pyfuse3;

@@ -1,2 +1,3 @@
-"""The ``rwfs`` command: its verbs (``commands``), ``rwfs run`` (``run``) and mounting
-(``mount``)."""
+"""The ``rwfs`` command: its parser and ``main`` (``commands``), the verbs by group
+(``mounting``, ``reading``, ``verbs``, ``agents``), which workspace a verb means
+(``where``), ``rwfs run`` (``run``) and mounting (``mount``)."""
