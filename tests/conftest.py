@@ -69,6 +69,10 @@ class Mount:
     ) -> None:
         self.workspace = workspace
         self.mountpoint = mountpoint or workspace
+        # RWFS_TEST_FASTPATH=off: every mount of the run without the fast path (scripts/test
+        # runs the matrix so, besides with it on).
+        if os.environ.get("RWFS_TEST_FASTPATH") == "off":
+            options = (*options, "fastpath=off")
         self.options = options
         self.env = env or {}
         self.log = log or workspace.parent / f"daemon-{workspace.name}.log"

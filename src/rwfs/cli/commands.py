@@ -93,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="OPT",
-        help="mount options (show_control, nice=N, allow_other, other FUSE options)",
+        help="mount options (show_control, nice=N, fastpath=off, allow_other, other FUSE options)",
     )
     m.add_argument("--foreground", "-f", action="store_true", help="stay attached")
     m.add_argument("--json", action="store_true", help="the recovery summary as JSON")

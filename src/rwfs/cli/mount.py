@@ -184,6 +184,7 @@ def serve(
     # for itself names its mode (0700 directories, 0600 files, 0400 objects).
     os.umask(0)
     nice = _nice(options)
+    fastpath = _fastpath(options)
     if "strictatime" in options:
         raise QuietError(
             "-o strictatime cannot be kept: the access times the mount shows are its "
@@ -249,11 +250,15 @@ def serve(
     )
     if overmount:
         kernelflags.keep_written_pages()
+    if fastpath:
+        kernelflags.want_passthrough()
     # default_permissions: the kernel checks every access against the owner and mode
     # rwfs reports, those of .rw/'s entries included (SPEC §3.3b; docs/security.md).
     fuse_opts = set(pyfuse3.default_options) | {"default_permissions"}
     given = {  # FUSE's
-        o for o in options - OUR_OPTIONS - ATIME_DEFAULTS - ATIME_OURS if not o.startswith("nice=")
+        o
+        for o in options - OUR_OPTIONS - ATIME_DEFAULTS - ATIME_OURS
+        if not o.startswith(("nice=", "fastpath="))
     }
     # The type stays fuse.rwfs (rwfs finds its mounts by it); a given fsname wins over
     # rwfs's (a set has no order: both would be passed, and either could win).
@@ -340,6 +345,21 @@ def _nice(options: set[str]) -> int:
             "highest priority) to 19; nothing was mounted"
         )
     return value
+
+
+def _fastpath(options: set[str]) -> bool:
+    """Whether requests that need no rwfs decision may be answered without it (``-o
+    fastpath=on``, the default, or ``off``): for now, the opens fuse/passthrough.py hands
+    to the kernel."""
+    given = {o.partition("=")[2] for o in options if o.startswith("fastpath=")}
+    if not given:
+        return True
+    if len(given) > 1 or not given <= {"on", "off"}:
+        raise QuietError(
+            f"-o fastpath={sorted(given)[-1]} is not a switch: give fastpath=on (the default) "
+            "or fastpath=off; nothing was mounted"
+        )
+    return given == {"on"}
 
 
 def _set_nice(value: int) -> int:

@@ -95,6 +95,9 @@ class Control:
         self.live: dict[str, Callable[[], Any]] = {}
         # Whether a path names a file only an open batch has (the FUSE layer knows).
         self.virtual: Callable[[bytes], bool] = lambda path: False
+        # Refuses (EBUSY) a policy that would journal a file whose open the kernel passes
+        # through (core/direct.py); given the new policy's test of a journaled path.
+        self.keep_passthrough: Callable[[Callable[[bytes], bool]], None] = lambda j: None
         self.add(
             self.root,
             b"README",

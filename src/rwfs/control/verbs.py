@@ -347,6 +347,7 @@ class CtlVerbs:
                 path=".rw/policy.toml",
                 details=getattr(exc, "details", None) or None,
             ) from None
+        self.c.keep_passthrough(lambda path: not policy.is_passthrough(path))
         write_state_file(self.ws.state_fd, b"policy.toml", data)
         self.ws.policy = policy
         self.c.retention.wake()  # a tighter retention takes effect now

@@ -176,6 +176,7 @@ class Files:
         # files created in the batch, or a new file renamed over one (Inode.virtual).
         self.virtual: dict[bytes, Inode] = {}
         self.hidden: set[bytes] = set()  # paths an open batch deletes: gone from the view
+        self.passed: dict[int, Inode] = {}  # by serial: files with direct opens (direct.py)
         # Files removed (their bytes kept as objects) since the disk last filled up.
         self.removals = 0
         # A write went through at its commit point (path, intended, its commit; None for a

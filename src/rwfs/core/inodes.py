@@ -84,6 +84,8 @@ class Inode:
     virtual: bool = False
     # A removed directory's last attributes: the kernel may still ask for them (a cwd).
     removed: os.stat_result | None = None
+    # Open handles whose reads and writes the kernel does itself (direct.py).
+    direct: int = 0
 
     @property
     def lock(self) -> trio.Lock:

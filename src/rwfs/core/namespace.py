@@ -17,6 +17,7 @@ import trio
 
 from .. import faults
 from ..journal.objects import open_regular
+from . import direct
 from .errors import refused
 from .inodes import Inode
 from .syscalls import WORKERS, fsdecode, rel
@@ -234,6 +235,7 @@ class Namespace:
                 raise refused(errno.EXDEV)
             if src.pending is None:
                 break
+        direct.keep_passthrough_names(self.files, src.path, path, "link")
         with self.ws.committer.operation(
             journaled, who, "link", path, source=fsdecode(src.path), intended=digest
         ):

@@ -11,9 +11,10 @@ import stat
 from typing import TYPE_CHECKING, Any
 
 from ..checks.allowances import Allowance
+from . import direct
 from .batch import COMMITTING
 from .commits import Commit
-from .errors import refused
+from .errors import RwfsError, refused
 from .inodes import Inode
 from .syscalls import borrowed, fsdecode, renameat2
 
@@ -168,6 +169,7 @@ class Renames:
             # journal there, whose model would otherwise keep files removed untold.
             extra["untracked"] = True
         try:
+            direct.keep_passthrough_names(self.files, src, dst, "rename", exchange)
             with self.ws.committer.operation(
                 journaled,
                 who,
@@ -185,7 +187,7 @@ class Renames:
                     c.path = dst
                 for c in sup:
                     c.superseded = True
-        except OSError:
+        except (OSError, RwfsError):
             if incoming is not None:
                 os.unlink(incoming, dir_fd=self.ws.objects.incoming_fd)
             if allowance is not None:  # nothing was renamed: the allowance stays

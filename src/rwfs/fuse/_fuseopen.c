@@ -36,6 +36,13 @@
  *   And it adds fallocate and lseek (SEEK_DATA, SEEK_HOLE), which pyfuse3 does not offer:
  *   each request is handed to the Python function serve() registered, with a token that
  *   rwfs answers once, now or later, with reply_err() or reply_offset().
+ *
+ * fuse_session_mount: after want_passthrough(True), gives the session a custom io (the
+ *   plain system calls) whose writev is the one place every reply passes. It adds
+ *   FUSE_PASSTHROUGH to the INIT reply when the kernel offered it (libfuse 3.14 does not
+ *   know the flag), and puts FOPEN_PASSTHROUGH and a backing id into an OPEN or CREATE
+ *   reply whose handle rwfs marked PASSTHROUGH: the kernel then reads, writes and maps
+ *   that open file on the backing file itself, with no request to the daemon.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -50,31 +57,176 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/uio.h>
 #include <sys/xattr.h>
 
 #define DIR_INODE (1ULL << 63)
 #define CACHE_DIR (1ULL << 62)
 #define NOFLUSH (1ULL << 61)
+#define PASSTHROUGH (1ULL << 60)
+#define MARKS (CACHE_DIR | NOFLUSH | PASSTHROUGH)
 
 typedef int (*reply_open_fn)(fuse_req_t, const struct fuse_file_info *);
+typedef int (*reply_create_fn)(fuse_req_t, const struct fuse_entry_param *,
+                               const struct fuse_file_info *);
 static reply_open_fn libfuse_reply_open;
+static reply_create_fn libfuse_reply_create;
 static unsigned long long flagged;
+
+/* The kernel's structures of FUSE 7.40 that libfuse 3.14's headers do not have. */
+#define FUSE_INIT_OP 26
+#define FUSE_INIT_EXT_FLAG (1U << 30)
+#define FUSE_PASSTHROUGH_FLAG2 (1U << (37 - 32))
+#define FUSE_WRITEBACK_CACHE_FLAG (1U << 16)
+#define FOPEN_PASSTHROUGH_FLAG (1U << 7)
+#define STACK_DEPTH 2 /* the backing file may be on an overlayfs (a container's root) */
+struct backing_map {
+    int32_t fd;
+    uint32_t flags;
+    uint64_t padding;
+};
+#define BACKING_OPEN _IOW(229, 1, struct backing_map)
+#define BACKING_CLOSE _IOW(229, 2, uint32_t)
+struct open_out {
+    uint64_t fh;
+    uint32_t open_flags;
+    int32_t backing_id;
+};
+
+/* Handles marked PASSTHROUGH and the backing id each is answered with (passthrough()).
+ * Only the loop's thread replies to OPEN and CREATE, and sets these. */
+#define PT_SLOTS 64
+static struct {
+    uint64_t fh;
+    int32_t id;
+} pt_next[PT_SLOTS];
+static int pt_wanted, pt_offered, pt_ready;
+static uint64_t init_unique;
+static struct open_out *pt_patch; /* the reply being sent carries this open_out */
+static unsigned long long pt_opens;
+
+static int32_t pt_take(uint64_t fh)
+{
+    for (int i = 0; i < PT_SLOTS; i++)
+        if (pt_next[i].fh == fh && fh != 0) {
+            pt_next[i].fh = 0;
+            return pt_next[i].id;
+        }
+    return -1;
+}
+
+/* fi without rwfs's marks, the open_out to patch set when it was marked PASSTHROUGH. */
+static void unmark(struct fuse_file_info *copy, struct open_out *patch)
+{
+    if (copy->fh & CACHE_DIR) {
+        copy->cache_readdir = 1;
+        copy->keep_cache = 1;
+    }
+    if (copy->fh & NOFLUSH)
+        copy->noflush = 1;
+    int marked = (copy->fh & PASSTHROUGH) != 0;
+    copy->fh &= ~MARKS;
+    int32_t id = marked ? pt_take(copy->fh) : -1;
+    if (id >= 0) {
+        /* Linux takes no other flag with FOPEN_PASSTHROUGH but direct_io and noflush:
+         * the page cache is the backing file's. */
+        copy->keep_cache = 0;
+        copy->cache_readdir = 0;
+        patch->fh = copy->fh;
+        patch->open_flags = FOPEN_PASSTHROUGH_FLAG;
+        patch->backing_id = id;
+        pt_patch = patch;
+    }
+    flagged++;
+}
 
 int fuse_reply_open(fuse_req_t req, const struct fuse_file_info *fi)
 {
-    if (fi != NULL && (fi->fh & (CACHE_DIR | NOFLUSH))) {
+    if (fi != NULL && (fi->fh & MARKS)) {
         struct fuse_file_info copy = *fi;
-        if (copy.fh & CACHE_DIR) {
-            copy.cache_readdir = 1;
-            copy.keep_cache = 1;
-        }
-        if (copy.fh & NOFLUSH)
-            copy.noflush = 1;
-        copy.fh &= ~(CACHE_DIR | NOFLUSH);
-        flagged++;
-        return libfuse_reply_open(req, &copy);
+        struct open_out patch;
+        unmark(&copy, &patch);
+        int res = libfuse_reply_open(req, &copy);
+        pt_patch = NULL;
+        return res;
     }
     return libfuse_reply_open(req, fi);
+}
+
+int fuse_reply_create(fuse_req_t req, const struct fuse_entry_param *e,
+                      const struct fuse_file_info *fi)
+{
+    if (fi != NULL && (fi->fh & MARKS)) {
+        struct fuse_file_info copy = *fi;
+        struct open_out patch;
+        unmark(&copy, &patch);
+        int res = libfuse_reply_create(req, e, &copy);
+        pt_patch = NULL;
+        return res;
+    }
+    return libfuse_reply_create(req, e, fi);
+}
+
+/* The session's io: the system calls libfuse would make, and two changes to replies. */
+static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
+{
+    ssize_t n = read(fd, buf, len);
+    /* The INIT request is never spliced (the protocol is not known yet). */
+    if (n >= 40 + 20 && ((uint32_t *)buf)[1] == FUSE_INIT_OP) {
+        const uint32_t *in = (const uint32_t *)((char *)buf + 40);
+        init_unique = *(uint64_t *)((char *)buf + 8);
+        pt_offered = (in[3] & FUSE_INIT_EXT_FLAG) && (in[4] & FUSE_PASSTHROUGH_FLAG2);
+    }
+    return n;
+}
+
+static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
+{
+    const uint64_t unique = count >= 2 ? *(uint64_t *)((char *)iov[0].iov_base + 8) : 0;
+    const int32_t error = count >= 2 ? *(int32_t *)((char *)iov[0].iov_base + 4) : -1;
+    uint32_t init[16];
+    struct iovec patched[2];
+    if (init_unique != 0 && unique == init_unique && error == 0 && count == 2 &&
+        iov[1].iov_len == sizeof(init)) {
+        init_unique = 0;
+        memcpy(init, iov[1].iov_base, sizeof(init));
+        /* flags (3), flags2 (8), max_stack_depth (9): fuse_init_out's 32-bit words */
+        if (pt_wanted && pt_offered && (init[3] & FUSE_INIT_EXT_FLAG) &&
+            !(init[3] & FUSE_WRITEBACK_CACHE_FLAG)) {
+            init[8] |= FUSE_PASSTHROUGH_FLAG2;
+            init[9] = STACK_DEPTH;
+            patched[0] = iov[0];
+            patched[1].iov_base = init;
+            patched[1].iov_len = sizeof(init);
+            iov = patched;
+            pt_ready = 1;
+        }
+    } else if (pt_patch != NULL && error == 0 && count == 2 &&
+               iov[1].iov_len >= sizeof(struct open_out)) {
+        /* An OPEN reply is an open_out, a CREATE reply an entry_out and then one. */
+        struct open_out *out =
+            (struct open_out *)((char *)iov[1].iov_base + iov[1].iov_len - sizeof(*out));
+        if (out->fh == pt_patch->fh) {
+            out->open_flags |= pt_patch->open_flags;
+            out->backing_id = pt_patch->backing_id;
+            pt_opens++;
+        }
+        pt_patch = NULL;
+    }
+    return writev(fd, iov, count);
+}
+
+static ssize_t io_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout, size_t len,
+                                 unsigned int flags, void *userdata)
+{
+    return splice(fdin, offin, fdout, offout, len, flags);
+}
+
+static ssize_t io_splice_send(int fdin, off_t *offin, int fdout, off_t *offout, size_t len,
+                              unsigned int flags, void *userdata)
+{
+    return splice(fdin, offin, fdout, offout, len, flags);
 }
 
 typedef struct fuse_session *(*session_new_fn)(struct fuse_args *,
@@ -84,6 +236,7 @@ static session_new_fn libfuse_session_new;
 static struct fuse_lowlevel_ops ops;
 static struct fuse_lowlevel_ops inner;
 static int wrapped;
+static struct fuse_session *ours; /* the session whose handlers are wrapped */
 
 static void by_inode(fuse_ino_t ino, struct fuse_file_info *fi)
 {
@@ -369,7 +522,27 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
     ops.fallocate = fallocate_w;
     ops.lseek = lseek_w;
     wrapped = 1;
-    return libfuse_session_new(args, &ops, op_size, userdata);
+    ours = libfuse_session_new(args, &ops, op_size, userdata);
+    return ours;
+}
+
+static const struct fuse_custom_io io = {io_writev, io_read, io_splice_receive, io_splice_send};
+typedef int (*session_mount_fn)(struct fuse_session *, const char *);
+static session_mount_fn libfuse_session_mount;
+static int (*lf_custom_io)(struct fuse_session *, const struct fuse_custom_io *, int);
+static int (*lf_session_fd)(struct fuse_session *);
+static int session_fd = -1; /* /dev/fuse of the session given the custom io */
+
+int fuse_session_mount(struct fuse_session *se, const char *mountpoint)
+{
+    int res = libfuse_session_mount(se, mountpoint);
+    if (res == 0 && se == ours && pt_wanted) {
+        int fd = lf_session_fd(se);
+        res = lf_custom_io(se, &io, fd);
+        if (res == 0)
+            session_fd = fd;
+    }
+    return res;
 }
 
 static PyObject *caller(PyObject *self, PyObject *unused)
@@ -495,7 +668,77 @@ static PyObject *do_fallocate(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *want_passthrough(PyObject *self, PyObject *arg)
+{
+    pt_wanted = PyObject_IsTrue(arg);
+    Py_RETURN_NONE;
+}
+
+static PyObject *passthrough_ready(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(pt_ready && session_fd >= 0);
+}
+
+static PyObject *backing_open(PyObject *self, PyObject *arg)
+{
+    int fd = (int)PyLong_AsLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!pt_ready || session_fd < 0) {
+        errno = EOPNOTSUPP;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    struct backing_map map = {fd, 0, 0};
+    int id = ioctl(session_fd, BACKING_OPEN, &map);
+    if (id < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromLong(id);
+}
+
+static PyObject *backing_close(PyObject *self, PyObject *arg)
+{
+    uint32_t id = (uint32_t)PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    if (session_fd >= 0 && ioctl(session_fd, BACKING_CLOSE, &id) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *passthrough(PyObject *self, PyObject *args)
+{
+    unsigned long long fh;
+    int id;
+    if (!PyArg_ParseTuple(args, "Ki", &fh, &id))
+        return NULL;
+    fh &= ~MARKS;
+    int slot = -1;
+    for (int i = 0; i < PT_SLOTS && slot < 0; i++)
+        if (pt_next[i].fh == 0 || pt_next[i].fh == fh)
+            slot = i;
+    if (fh == 0 || id < 0 || slot < 0)
+        Py_RETURN_FALSE;
+    pt_next[slot].fh = fh;
+    pt_next[slot].id = id;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *passthrough_count(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(pt_opens);
+}
+
 static PyMethodDef methods[] = {
+    {"want_passthrough", want_passthrough, METH_O,
+     "Before the mount: offer the kernel FUSE passthrough at INIT, where it can."},
+    {"passthrough_ready", passthrough_ready, METH_NOARGS,
+     "Whether INIT asked the kernel for FUSE passthrough."},
+    {"backing_open", backing_open, METH_O, "backing_open(fd) -> the kernel's backing id."},
+    {"backing_close", backing_close, METH_O, "backing_close(id): the kernel lets it go."},
+    {"passthrough", passthrough, METH_VARARGS,
+     "passthrough(fh, id): the OPEN or CREATE reply of this handle is in passthrough."},
+    {"passthrough_opens", passthrough_count, METH_NOARGS,
+     "How many opens the kernel was told to pass through."},
     {"serve", serve, METH_O,
      "serve(fn): fn(token, op, ino, fh, *args) gets each fallocate and lseek request."},
     {"reply_err", reply_err, METH_VARARGS, "reply_err(token, errno): answer (0: success)."},
@@ -527,6 +770,10 @@ PyMODINIT_FUNC PyInit__fuseopen(void)
     if (lib != NULL) {
         libfuse_reply_open = (reply_open_fn)dlsym(lib, "fuse_reply_open");
         libfuse_session_new = (session_new_fn)dlsym(lib, "fuse_session_new");
+        libfuse_reply_create = (reply_create_fn)dlsym(lib, "fuse_reply_create");
+        libfuse_session_mount = (session_mount_fn)dlsym(lib, "fuse_session_mount");
+        *(void **)&lf_custom_io = dlsym(lib, "fuse_session_custom_io");
+        *(void **)&lf_session_fd = dlsym(lib, "fuse_session_fd");
         *(void **)&lf_buf_copy = dlsym(lib, "fuse_buf_copy");
         *(void **)&lf_buf_size = dlsym(lib, "fuse_buf_size");
         *(void **)&lf_reply_write = dlsym(lib, "fuse_reply_write");
@@ -537,6 +784,8 @@ PyMODINIT_FUNC PyInit__fuseopen(void)
         *(void **)&lf_req_ctx = dlsym(lib, "fuse_req_ctx");
     }
     if (libfuse_reply_open == NULL || libfuse_session_new == NULL || lf_buf_copy == NULL ||
+        libfuse_reply_create == NULL || libfuse_session_mount == NULL || lf_custom_io == NULL ||
+        lf_session_fd == NULL ||
         lf_buf_size == NULL || lf_reply_write == NULL || lf_reply_err == NULL ||
         lf_reply_xattr == NULL || lf_reply_buf == NULL || lf_reply_lseek == NULL ||
         lf_req_ctx == NULL) {

@@ -28,6 +28,7 @@ from .. import beneath
 from ..checks import parsers
 from ..control.nodes import CDir, CFile, CNode
 from ..control.tree import Control
+from ..core import direct
 from ..core.batches import Batches
 from ..core.commits import Commit
 from ..core.errors import RwfsError, TooLarge, escaped, journal_unavailable, too_large
@@ -39,6 +40,7 @@ from ..core.workspace import Workspace
 from ..journal.objects import EMPTY_DIGEST
 from ..journal.store import JournalUnavailable
 from . import kernelflags, notice
+from .passthrough import Passthrough
 
 log = logging.getLogger("rwfs.fs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -175,6 +177,7 @@ class Handle:
     # whom a refusal at its commit point is told (notice.py).
     stderr: str = ""
     start: int = -1
+    direct: bool = False  # passed through: the kernel reads and writes it (passthrough.py)
 
 
 @dataclass(eq=False)
@@ -353,6 +356,14 @@ class Operations(pyfuse3.Operations):
         ws.committer.on_recorded = self._recorded
         self.files.on_written = self._written
         self.control.virtual = self.files.virtual.__contains__
+        # (-o noatime: a read the kernel passes through would move the backing atime)
+        self.passthrough = Passthrough(
+            self.files, "fastpath=off" not in opts and not self._file_noatime
+        )
+        self.control.live["passthrough"] = self.passthrough.counts
+        self.control.keep_passthrough = lambda journaled: direct.keep_passthrough_names(
+            self.files, b"", None, "policy change", journaled=journaled
+        )
         ws.on_gone = self.files.gone
 
     def _recorded(self, c: Commit) -> None:
@@ -930,6 +941,10 @@ class Operations(pyfuse3.Operations):
             if not kernelflags.ACTIVE:  # (the flush will not name its sender)
                 handle.start = notice.start_of(who["pid"])
         fh = self._fh(handle)
+        if not journaled and not i.virtual:
+            marked = self.passthrough.open(i, fh, lambda: os.fstat(i.fd))
+            handle.direct = marked != fh
+            fh = marked
         # A read-only handle commits nothing: its close needs no FLUSH.
         return pyfuse3.FileInfo(fh=fh | (0 if writable else kernelflags.NOFLUSH), keep_cache=True)
 
@@ -1235,6 +1250,8 @@ class Operations(pyfuse3.Operations):
         kernelflags.fast_writes_end(fh)
         i = h.inode
         i.handles -= 1
+        if h.direct:
+            self.passthrough.release(i)
         if i.handles == 0 and i.stage is not None and not i.stage.sealed:
             # The last reference: commit what no flush did (e.g. a truncation alone).
             try:

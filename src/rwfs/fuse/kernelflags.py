@@ -16,7 +16,12 @@
 - ``caller()`` is the sender of the latest flush, fsync or write request, which pyfuse3
   does not pass to those handlers (read it before the handler's first await);
 - after ``serve(fn)``, the kernel's fallocate and lseek (SEEK_DATA, SEEK_HOLE) requests,
-  which pyfuse3 has no method for, reach ``fn``; each is answered once with ``reply()``.
+  which pyfuse3 has no method for, reach ``fn``; each is answered once with ``reply()``;
+- after ``want_passthrough()`` before the mount, and where the kernel and rwfs's
+  privileges allow it (``passthrough_ready()``), an open answered with a handle marked
+  ``PASSTHROUGH`` and given a backing id (``backing_open``, ``passthrough``) is read,
+  written and mapped by the kernel on the backing file itself (FUSE passthrough, Linux
+  6.9): no READ or WRITE request reaches rwfs for it.
 
 When the extension is missing or pyfuse3 was loaded first, none of this happens and the
 kernel caches less. ``handle()`` strips marks from a handle number, should one ever come
@@ -25,6 +30,7 @@ back with them.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -43,8 +49,9 @@ except ImportError:  # not built
 ACTIVE = _fuseopen is not None and not _too_late
 CACHE_DIR = 1 << 62 if ACTIVE else 0
 NOFLUSH = 1 << 61 if ACTIVE else 0
+PASSTHROUGH = 1 << 60 if ACTIVE else 0
 DIR_INODE = 1 << 63
-_UNMARK = ~((1 << 62) | (1 << 61))
+_UNMARK = ~((1 << 62) | (1 << 61) | (1 << 60))
 
 
 def no_opendir() -> bool:
@@ -135,3 +142,39 @@ def reply(token: int, err: int = 0, offset: int | None = None) -> None:
 def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
     """fallocate(2) with its mode, which the os module does not offer."""
     _fuseopen.fallocate(fd, mode, offset, length)
+
+
+def want_passthrough() -> None:
+    """Before the mount: ask the kernel at INIT for FUSE passthrough, if it offers it."""
+    if ACTIVE:
+        _fuseopen.want_passthrough(True)
+
+
+def passthrough_ready() -> bool:
+    """Whether the session asked the kernel for FUSE passthrough at INIT (a backing id
+    still needs CAP_SYS_ADMIN: ``backing_open`` fails with EPERM without it)."""
+    return bool(ACTIVE and _fuseopen.passthrough_ready())
+
+
+def backing_open(fd: int) -> int:
+    """Register an open backing file with the kernel: its backing id. OSError when the
+    kernel refuses (EPERM: no CAP_SYS_ADMIN; EOPNOTSUPP: no passthrough)."""
+    return int(_fuseopen.backing_open(fd))
+
+
+def backing_close(backing_id: int) -> None:
+    """The kernel lets the backing file go (the open files passed through keep theirs)."""
+    _fuseopen.backing_close(backing_id)
+
+
+def passthrough(fh: int, backing_id: int) -> int:
+    """The handle number to answer an OPEN or CREATE with so that the kernel passes that
+    open file through to the backing file ``backing_id`` names."""
+    if not _fuseopen.passthrough(fh, backing_id):
+        raise OSError(errno.EMFILE, "too many passthrough answers pending")
+    return fh | PASSTHROUGH
+
+
+def passthrough_opens() -> int:
+    """How many opens the kernel was told to pass through so far."""
+    return int(_fuseopen.passthrough_opens()) if ACTIVE else 0
