@@ -32,7 +32,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MODES = ("native", "bindfs", "pyfuse3", "group", "strict")
+MODES = ("native", "bindfs", "pyfuse3", "group", "strict", "group_nofast")
+# A mode's durability and its mount options: group_nofast is group with -o fastpath=off
+# (no FUSE passthrough), the comparison the fast path is measured by.
+RWFS_MOUNTS = {
+    "group": ("group", ()),
+    "strict": ("strict", ()),
+    "group_nofast": ("group", ("fastpath=off",)),
+}
+# Where the passthrough rows write: a path rwfs's default policy does not journal.
+PASSTHROUGH_DIR = "node_modules"
+TREE_FILES = 10_000
 FLOOR_CALLS = 20_000
 SCRIPTS = Path(__file__).resolve().parent
 MIN_TREE_FILES = 3000
@@ -76,10 +86,13 @@ def rwfs_mounted(point: str) -> bool:
 class Mount:
     """One rwfs daemon serving ``workspace`` mounted over itself."""
 
-    def __init__(self, workspace: Path, durability: str, logfile: Path) -> None:
+    def __init__(
+        self, workspace: Path, durability: str, logfile: Path, options: tuple[str, ...] = ()
+    ) -> None:
         self.workspace = workspace
         self.durability = durability
         self.logfile = logfile
+        self.options = options
         self.proc: subprocess.Popen[bytes] | None = None
 
     def prepare(self) -> None:
@@ -91,6 +104,7 @@ class Mount:
     def start(self, timeout: float = 60.0) -> None:
         self.prepare()
         cmd = [sys.executable, "-m", "rwfs.cli", "mount", "--foreground", str(self.workspace)]
+        cmd += [a for o in self.options for a in ("-o", o)]
         with open(self.logfile, "ab") as logf:
             self.proc = subprocess.Popen(
                 cmd, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, cwd="/"
@@ -198,6 +212,7 @@ def vs_bindfs(limit: float, *modes: str) -> Target:
 
 WRITE_TARGET = (vs_bindfs(1.0, "group"),)
 READ_TARGET = (Target(1.0, base="bindfs", below=True),)
+PASS_TARGET = (vs_bindfs(1.0, "group"),)  # issue 31: a passthrough path's rows
 
 
 @dataclass
@@ -317,6 +332,36 @@ def w_extract(env: Env) -> dict[str, float]:
     target.mkdir()
     env.settle()
     return {"extract": timed(lambda: run(["tar", "-xf", str(env.tarball), "-C", str(target)]))}
+
+
+def w_extract_pt(env: Env) -> dict[str, float]:
+    """The tarball extracted under a passthrough path: no journaling, only the stack."""
+    target = env.dir / PASSTHROUGH_DIR / "tree"
+    target.mkdir(parents=True)
+    env.settle()
+    return {"extract_pt": timed(lambda: run(["tar", "-xf", str(env.tarball), "-C", str(target)]))}
+
+
+def w_tree_pt(env: Env) -> dict[str, float]:
+    """TREE_FILES small files in nested directories under a passthrough path (an
+    install's shape: 10 packages of 10 directories of 100 files), then ``rm -rf``."""
+    top = env.dir / PASSTHROUGH_DIR
+    rng = random.Random(99)
+    payloads = [rng.randbytes(rng.randint(200, 6000)) for _ in range(TREE_FILES)]
+    top.mkdir()
+    env.settle()
+
+    def make() -> None:
+        for i, data in enumerate(payloads):
+            d = top / f"pkg{i // 1000}" / f"lib{i // 100 % 10}"
+            if i % 100 == 0:
+                d.mkdir(parents=True)
+            (d / f"m{i}.js").write_bytes(data)
+
+    t_make = timed(make)
+    env.settle()
+    t_rm = timed(lambda: run(["rm", "-rf", str(top)]))
+    return {"tree_pt": t_make, "tree_pt_rm": t_rm}
 
 
 def _extracted(env: Env) -> Path:
@@ -866,6 +911,19 @@ def workloads(args: argparse.Namespace, tree_desc: str) -> list[Workload]:
             w_floor,
         ),
         Workload("extract", [("extract", f"tar -xf ({tree_desc})", WRITE_TARGET)], w_extract),
+        Workload(
+            "extract_pt",
+            [("extract_pt", f"tar -xf into {PASSTHROUGH_DIR}/ ({tree_desc})", PASS_TARGET)],
+            w_extract_pt,
+        ),
+        Workload(
+            "tree_pt",
+            [
+                ("tree_pt", f"{TREE_FILES:,} files, nested, in {PASSTHROUGH_DIR}/", PASS_TARGET),
+                ("tree_pt_rm", f"rm -rf of those {TREE_FILES:,} files", PASS_TARGET),
+            ],
+            w_tree_pt,
+        ),
         Workload("find", [("find", "find -printf '%s %m' (stat, warm)", READ_TARGET)], w_find),
         Workload("grep", [("grep", f"grep -r {GREP_WORD} (warm)", READ_TARGET)], w_grep),
         Workload(
@@ -999,7 +1057,8 @@ def measurement_dir(mode: str, logdir: Path, tag: str) -> Iterator[tuple[Path, i
             with fuse_process(cmd, d):
                 yield d, None
         else:
-            mount = Mount(d, mode, logdir / f"{d.name}.log")
+            durability, options = RWFS_MOUNTS[mode]
+            mount = Mount(d, durability, logdir / f"{d.name}.log", options)
             try:
                 mount.start()
                 yield d, mount.pid
@@ -1038,7 +1097,7 @@ def fmt_ratio(r: float | None, targets: tuple[Target, ...], mode: str, base: str
 
 # The rwfs modes whose ratios to bindfs and to the pyfuse3 passthrough the table and the
 # JSON give (and the passthrough's own to bindfs).
-RWFS_MODES = ("group", "strict")
+RWFS_MODES = ("group", "strict", "group_nofast")
 
 
 def render_table(rows: list[list[str]], header: list[str]) -> str:
@@ -1073,13 +1132,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only",
         default="",
-        help="comma-separated workloads: floor,extract,find,grep,git,checkout,small,"
-        "small_fsync,rewrite,save,meta,big",
+        help="comma-separated workloads: floor,extract,extract_pt,tree_pt,find,grep,git,"
+        "checkout,small,small_fsync,rewrite,save,meta,big",
     )
     ap.add_argument(
         "--modes",
-        default=",".join(m for m in MODES if m != "bindfs" or shutil.which("bindfs")),
-        help="comma-separated of native,bindfs,pyfuse3,group,strict (bindfs: when installed)",
+        default=",".join(
+            m for m in MODES if (m != "bindfs" or shutil.which("bindfs")) and m != "group_nofast"
+        ),
+        help="comma-separated of native,bindfs,pyfuse3,group,strict,group_nofast (bindfs: "
+        "when installed; group_nofast: group with -o fastpath=off)",
     )
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = ap.parse_args(argv)
@@ -1091,7 +1153,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     modes = [m for m in args.modes.split(",") if m]
     if "native" not in modes or any(m not in MODES for m in modes):
-        ap.error("--modes must include native and only name native, bindfs, pyfuse3, group, strict")
+        ap.error(f"--modes must include native and only name {', '.join(MODES)}")
     if "bindfs" in modes and not shutil.which("bindfs"):
         ap.error("bindfs is not installed (scripts/bench installs it)")
     if not os.path.exists("/dev/fuse") and len(modes) > 1:
