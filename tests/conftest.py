@@ -69,10 +69,12 @@ class Mount:
     ) -> None:
         self.workspace = workspace
         self.mountpoint = mountpoint or workspace
-        # RWFS_TEST_FASTPATH=off: every mount of the run without the fast path (scripts/test
-        # runs the matrix so, besides with it on).
-        if os.environ.get("RWFS_TEST_FASTPATH") == "off":
-            options = (*options, "fastpath=off")
+        # RWFS_TEST_FASTPATH=on: every mount of the run with the fast path (scripts/test
+        # runs the matrix so, besides with the default, off).
+        if os.environ.get("RWFS_TEST_FASTPATH") == "on" and not any(
+            o.startswith("fastpath=") for o in options
+        ):
+            options = (*options, "fastpath=on")
         self.options = options
         self.env = env or {}
         self.log = log or workspace.parent / f"daemon-{workspace.name}.log"

@@ -3,7 +3,7 @@ are read, written and mapped by the kernel itself (FUSE passthrough), and never 
 of a decision rwfs has to make: a journaled name is never written around its stage, and a
 rename, link or policy that would give a passed-through open file one is refused (EBUSY)
 with nothing changed. Every write pattern gives the bytes a plain directory gives, with the
-fast path on and off (``-o fastpath=off``)."""
+fast path on (``-o fastpath=on``) and off (the default)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,18 @@ from conftest import RWFS, Mount, check_clean
 # backing file needs CAP_SYS_ADMIN (root here; CI runs as root).
 _KERNEL = tuple(int(x) for x in os.uname().release.split(".")[:2])
 PASSES = os.geteuid() == 0 and _KERNEL >= (6, 9)
+ON = ("fastpath=on",)
+
+
+@pytest.fixture
+def mount(workspace: Path) -> Iterator[Mount]:
+    """A workspace mounted over itself with the fast path on; checked clean after."""
+    m = Mount(workspace, options=ON).start()
+    try:
+        yield m
+    finally:
+        m.stop()
+    check_clean(m)
 
 
 def status(m: Mount) -> dict:
@@ -39,9 +51,9 @@ def opens(m: Mount) -> int:
 
 @pytest.fixture(params=["on", "off"])
 def both(request: pytest.FixtureRequest, workspace: Path) -> Iterator[Mount]:
-    """A mount with the fast path on (the default) and one with ``-o fastpath=off``."""
+    """A mount with the fast path on and one with it off."""
     (workspace / ".git").mkdir()
-    options = ("fastpath=off",) if request.param == "off" else ()
+    options = ("fastpath=off",) if request.param == "off" else ON
     m = Mount(workspace, options=options).start()
     try:
         yield m
@@ -105,7 +117,7 @@ def test_a_journaled_file_is_never_passed_through(workspace: Path) -> None:
     (workspace / ".git").mkdir()
     (workspace / ".git" / "linked").write_bytes(b"two names\n")
     os.link(workspace / ".git" / "linked", workspace / "linked.txt")  # (before the mount)
-    m = Mount(workspace).start()
+    m = Mount(workspace, options=ON).start()
     try:
         (m.path / ".git" / "x").write_bytes(b"passthrough\n")
         passed = opens(m)
