@@ -390,7 +390,13 @@ async def _main(ws: Workspace, ops: Operations) -> None:
         nursery.start_soon(retain)
         nursery.start_soon(_on_signals)
         await nursery.start(ops.serve_requests)
-        await pyfuse3.main()
+        try:
+            await pyfuse3.main()
+        except* ConnectionAbortedError:
+            # Linux fails a read of /dev/fuse with ECONNABORTED when the unmount's abort
+            # of the connection meets a request being read (fs/fuse/dev.c); libfuse ends
+            # the session quietly only on ENODEV. Either way the mount is gone.
+            log.info("the kernel closed the connection while a request was read: unmounted")
         retention.cancel()  # (a collection under way ends at its next step)
         # Unmounted: finish every queued commit before the process ends.
         await ws.committer.close()
