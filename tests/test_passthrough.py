@@ -3,7 +3,7 @@ are read, written and mapped by the kernel itself (FUSE passthrough), and never 
 of a decision rwfs has to make: a journaled name is never written around its stage, and a
 rename, link or policy that would give a passed-through open file one is refused (EBUSY)
 with nothing changed. Every write pattern gives the bytes a plain directory gives, with the
-fast path on (``-o fastpath=on``) and off (the default)."""
+fast path on (the default) and off (``-o fastpath=off``)."""
 
 from __future__ import annotations
 
@@ -203,6 +203,21 @@ def test_a_removed_file_stays_readable_and_syncable_through_its_open(mount: Moun
         os.close(fd)
     assert not (g / "tmp").exists()
     assert status(mount)["passthrough"]["files"] == 0
+
+
+@pytest.mark.skipif(not PASSES, reason="needs FUSE passthrough (Linux 6.9, CAP_SYS_ADMIN)")
+def test_the_fast_path_is_on_unless_switched_off(workspace: Path) -> None:
+    seen = {}
+    for options in ((), ("fastpath=off",)):
+        m = Mount(workspace, options=options)
+        m.options = options  # (not the run's RWFS_TEST_FASTPATH: the default itself)
+        m.start()
+        try:
+            seen[options] = status(m)["passthrough"]["on"]
+        finally:
+            m.stop()
+        check_clean(m)
+    assert seen == {(): True, ("fastpath=off",): False}
 
 
 def test_the_switch_is_checked(workspace: Path) -> None:

@@ -240,6 +240,7 @@ def serve(
         "workspace": workspace,
         "mountpoint": mountpoint,
         "options": sorted(options),
+        "fastpath": fastpath,
         "root_fd": root_fd,
         "state_fd": state_fd,
     }
@@ -348,19 +349,15 @@ def _nice(options: set[str]) -> int:
 
 
 def _fastpath(options: set[str]) -> bool:
-    """Whether requests that need no rwfs decision may be answered without it (``-o
-    fastpath=on``, or ``off``, the default until a connection abort seen once with it on
-    is understood: docs/known-gaps.md): for now, the opens fuse/passthrough.py hands to
-    the kernel."""
+    """Whether requests that need no rwfs decision may be answered without it: on unless
+    ``-o fastpath=off``. For now, the opens fuse/passthrough.py hands to the kernel."""
     given = {o.partition("=")[2] for o in options if o.startswith("fastpath=")}
-    if not given:
-        return False
     if len(given) > 1 or not given <= {"on", "off"}:
         raise QuietError(
-            f"-o fastpath={sorted(given)[-1]} is not a switch: give fastpath=on or fastpath=off "
-            "(the default); nothing was mounted"
+            f"-o fastpath={sorted(given)[-1]} is not a switch: give fastpath=on (the default) "
+            "or fastpath=off; nothing was mounted"
         )
-    return given == {"on"}
+    return given != {"off"}
 
 
 def _set_nice(value: int) -> int:

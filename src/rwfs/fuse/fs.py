@@ -357,7 +357,9 @@ class Operations(pyfuse3.Operations):
         self.files.on_written = self._written
         self.control.virtual = self.files.virtual.__contains__
         # (-o noatime: a read the kernel passes through would move the backing atime)
-        self.passthrough = Passthrough(self.files, "fastpath=on" in opts and not self._file_noatime)
+        self.passthrough = Passthrough(
+            self.files, info.get("fastpath", False) and not self._file_noatime
+        )
         self.control.live["passthrough"] = self.passthrough.counts
         self.control.keep_passthrough = lambda journaled: direct.keep_passthrough_names(
             self.files, b"", None, "policy change", journaled=journaled
