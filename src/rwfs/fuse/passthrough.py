@@ -8,7 +8,7 @@ file on the backing file itself, and no READ, WRITE or FLUSH of it reaches the d
 This module keeps the kernel's side of it: one backing id per inode while any of its opens
 is passed through (the kernel requires every open of an inode in passthrough to use the
 same backing file), registered at the first such open and let go at the last release.
-It is on only when the mount says ``-o fastpath=on``; off when the kernel did not offer
+It is on unless the mount says ``-o fastpath=off``; off when the kernel did not offer
 passthrough at INIT, and from the first time the kernel refuses a backing file (EPERM:
 the daemon lacks CAP_SYS_ADMIN, which Linux requires for it); the mount then works as
 before, each request answered by rwfs.
