@@ -60,10 +60,14 @@ RACES = {
     errno.EINVAL,  # rename of a directory into itself
     errno.ELOOP,  # a symlink where a file was
     errno.EMLINK,
+    # A rename or link that would give a journaled name to a file another worker holds
+    # open under node_modules/ (the kernel passes such opens through: the fast path).
+    errno.EBUSY,
 }
 SHARED_NAMES = 24
 SPECIAL_NAMES = 8
-DIRS = ("", "d0", "d1", "d0/e")
+# node_modules/ is a passthrough path: its files' opens are the fast path's.
+DIRS = ("", "d0", "d1", "d0/e", "node_modules", "node_modules/p")
 BLOCK = 4096
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -172,8 +176,12 @@ class Worker:
 
     # ---- operations on this worker's own files (their bytes are known) ----
 
+    def own_dir(self) -> str:
+        """Journaled (w1/) or passthrough (node_modules/w1/): the fast path's files too."""
+        return self.rng.choice((f"w{self.wid}", f"node_modules/w{self.wid}"))
+
     def op_own(self) -> None:
-        name = f"w{self.wid}/f{self.rng.randrange(6)}"
+        name = f"{self.own_dir()}/f{self.rng.randrange(6)}"
         p = self.root / name
         old = self.own.get(name, b"")
         how = self.rng.randrange(5 if old else 4)
@@ -204,7 +212,7 @@ class Worker:
             new = old[:at] + data + old[at + len(data) :]
         elif how == 2:  # write a temporary file, then rename it over (an editor's save)
             new = self.payload()
-            tmp = self.root / f"w{self.wid}/.tmp{self.rng.randrange(1 << 30)}"
+            tmp = p.parent / f".tmp{self.rng.randrange(1 << 30)}"
             tmp.write_bytes(new)
             os.rename(tmp, p)
         elif how == 3:  # check it
@@ -243,6 +251,7 @@ class Worker:
 
     def run(self, seconds: float, only: set[str], specials: bool = False) -> None:
         (self.root / f"w{self.wid}").mkdir(exist_ok=True)
+        (self.root / f"node_modules/w{self.wid}").mkdir(parents=True, exist_ok=True)
         ops = [(name[3:], getattr(self, name)) for name in dir(self) if name.startswith("op_")]
         ops = [(n, fn) for n, fn in ops if not only or n in only]
         if specials:
@@ -468,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
             total.update(r["counts"])
             problems += [f"worker: {f}" for f in r["failures"]]
         print("stress: " + ", ".join(f"{k} {v}" for k, v in sorted(total.items())))
+        fast = json.loads((ws / ".rw" / "status").read_text()).get("passthrough", {})
+        print(f"stress: opens passed through (the fast path) {fast.get('opens', 0)}")
         if problems:  # what rwfs said of its last error, while it is still mounted
             print((ws / ".rw" / "last-error").read_text(), file=sys.stderr)
         problems += check_own(ws, results, "mounted")
