@@ -20,8 +20,8 @@ run (adding FIFOs, device nodes, sockets and their hard links and renames to the
 names of their own, since opening a FIFO blocks), the daemon is killed with SIGKILL at a
 random instant, the dead mount is cleared (``fusermount3 -u -z``), the workspace is
 mounted again (recovery runs) and unmounted, and ``rwfs fsck`` checks it. It reports the
-kills, the remounts that worked and the clean fscks; a workspace that does not mount again
-is kept for a look and the loop goes on with a new one.
+kills, the remounts that worked and the clean fscks; a workspace that does not mount again,
+or whose fsck finds drift, is kept for a look and the loop goes on with a new one.
 """
 
 from __future__ import annotations
@@ -334,7 +334,7 @@ def fsck(workspace: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
-def kill_loop(rounds: int, procs: int, seed: int, durability: str) -> int:
+def kill_loop(rounds: int, procs: int, seed: int, durability: str, options: tuple[str, ...]) -> int:
     """--kill-loop: mount, load, SIGKILL the daemon, clear, remount, unmount, fsck."""
     rng = random.Random(seed)
     base = Path(tempfile.mkdtemp(prefix="rwfs-killloop-", dir="/tmp"))
@@ -350,7 +350,7 @@ def kill_loop(rounds: int, procs: int, seed: int, durability: str) -> int:
         ws.mkdir()
         for d in DIRS[1:]:
             (ws / d).mkdir(parents=True, exist_ok=True)
-        return ws, StressMount(ws, durability, base / f"daemon{n_ws}.log")
+        return ws, StressMount(ws, durability, base / f"daemon{n_ws}.log", options)
 
     print(f"stress: kill loop, seed {seed}, {rounds} rounds of {procs} workers ({durability})")
     ws, m = fresh()
@@ -398,6 +398,8 @@ def kill_loop(rounds: int, procs: int, seed: int, durability: str) -> int:
             else:
                 drift = (res.stdout + res.stderr).strip().splitlines()
                 problems.append(f"round {r + 1}: fsck: {len(drift)} lines: {' | '.join(drift[:3])}")
+                kept.append(ws)  # as it is, for a look; the next rounds start afresh
+                ws, m = fresh()
             print(
                 f"stress: round {r + 1}/{rounds}: kills {counts['kills']}, "
                 f"remounted {counts['remounted']}, fsck clean {counts['fsck_clean']}",
@@ -426,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--procs", type=int, default=4, help="worker processes (4)")
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: a new one)")
     ap.add_argument("--durability", choices=("group", "strict"), default="group")
+    ap.add_argument(
+        "--fastpath", choices=("on", "off"), default="on", help="the mount's -o fastpath (on)"
+    )
     ap.add_argument("--ops", default="", help="only these operations, comma-separated")
     ap.add_argument(
         "--kill-loop",
@@ -438,14 +443,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds <= 0 or args.procs < 1 or args.kill_loop < 0:
         ap.error("--seconds, --procs and --kill-loop must be positive")
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    options = (f"fastpath={args.fastpath}",)
     if args.kill_loop:
-        return kill_loop(args.kill_loop, args.procs, seed, args.durability)
+        return kill_loop(args.kill_loop, args.procs, seed, args.durability, options)
     base = Path(tempfile.mkdtemp(prefix="rwfs-stress-", dir="/tmp"))
     ws = base / "ws"
     ws.mkdir()
     for d in DIRS[1:]:
         (ws / d).mkdir(parents=True, exist_ok=True)
-    m = StressMount(ws, args.durability, base / "daemon.log")
+    m = StressMount(ws, args.durability, base / "daemon.log", options)
     problems: list[str] = []
     print(f"stress: seed {seed}, {args.procs} workers for {args.seconds:g}s ({args.durability})")
     try:

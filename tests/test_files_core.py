@@ -8,6 +8,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import trio
 
+from rwfs.core import direct
 from rwfs.core.batches import Batches
 from rwfs.core.errors import RwfsError
 from rwfs.core.files import Files
@@ -604,3 +606,41 @@ def test_a_removal_during_a_commit_point_keeps_the_written_bytes_as_a_version(
     digest = "sha256:" + hashlib.sha256(new).hexdigest()
     gone = [e for e in core.ws.store.events() if e["op"] in ("unlink", "rename")]
     assert len(gone) == 1 and gone[0]["expected"] == digest, gone
+
+
+def test_a_rename_names_its_file_anew_before_it_waits(tree: Path, run: Run) -> None:
+    """A rename over a hard-linked file waits (a worker thread looks for the replaced
+    file's other names). An open meanwhile must see the moved file under its new,
+    journaled name: seen under its old passthrough name, it would be passed through, and
+    its writes would reach a journaled file around its stage."""
+    (tree / "node_modules").mkdir()
+    (tree / "node_modules" / "x.js").write_bytes(b"x\n")
+    (tree / "main.py").write_bytes(b"y = 1\n")
+    os.link(tree / "main.py", tree / "other.py")  # (a name the inode table has not seen)
+    seen: dict[str, bool] = {}
+
+    async def body(core: Core) -> None:
+        moved = core.inode("node_modules/x.js")
+        core.inode("main.py")
+        searching, found = threading.Event(), threading.Event()
+        other_names = core.ws.links.other_names
+
+        def slow(*args: Any) -> Any:
+            searching.set()
+            found.wait(10)
+            return other_names(*args)
+
+        core.ws.links.other_names = slow  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(core.files.renames.rename, b"node_modules/x.js", b"main.py", 0, WHO)
+            while not searching.is_set():
+                await trio.sleep(0.01)
+            seen["undecided"] = direct.undecided(
+                core.files, moved, os.stat(tree / "main.py", follow_symlinks=False)
+            )
+            found.set()
+
+    run(tree, body)
+    assert seen == {"undecided": False}
+    assert (tree / "main.py").read_bytes() == b"x\n"
+    assert (tree / "other.py").read_bytes() == b"y = 1\n"

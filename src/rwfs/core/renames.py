@@ -214,13 +214,15 @@ class Renames:
         if exchange:
             self.files.inodes.exchange(src, dst)  # a directory's children move with it
         else:
-            if dst_st is not None:
-                gone = self.files.inodes.detach(dst)
-                if gone is not None and dst_st.st_nlink == 1 and not stat.S_ISDIR(dst_st.st_mode):
-                    self.files.inodes.orphan(gone)
-                elif gone is not None and not stat.S_ISDIR(dst_st.st_mode):
-                    await self.files.names.other_names(gone, dst, dst_st)
+            gone = self.files.inodes.detach(dst) if dst_st is not None else None
+            # Moved before any wait: an open meanwhile must see the file's new name (under
+            # its old one it could be passed through the kernel: core/direct.py).
             self.files.inodes.move(src, dst)
+            if gone is not None and dst_st is not None and not stat.S_ISDIR(dst_st.st_mode):
+                if dst_st.st_nlink == 1:
+                    self.files.inodes.orphan(gone)
+                else:
+                    await self.files.names.other_names(gone, dst, dst_st)
 
     def _commit_point(self, path: bytes) -> Inode | None:
         """The inode at ``path`` if a commit point of it is under way: its stage sealed
