@@ -516,3 +516,29 @@ def test_a_commit_queued_while_a_rename_waits_lands_before_it(workspace: Path) -
     finally:
         m.stop()
     check_clean(m)
+
+
+@pytest.mark.parametrize("remount", [False, True], ids=["known", "after_remount"])
+def test_a_journaled_file_written_through_a_passthrough_link_is_journaled(
+    workspace: Path, remount: bool
+) -> None:
+    """a.txt (journaled) and .git/y (passthrough) are one file. A write through .git/y
+    changes a.txt too, so it is journaled, whether the mount knows both names or, after a
+    remount, only the one written through: in place, it went around a.txt's journal."""
+    (workspace / ".git").mkdir()
+    m = Mount(workspace).start()
+    try:
+        (workspace / "a.txt").write_text("journaled\n")
+        os.link(workspace / "a.txt", workspace / ".git" / "y")
+        if remount:
+            m.stop()
+            m = Mount(workspace).start()
+        with open(workspace / ".git" / "y", "r+") as f:
+            f.write("TWO\n")
+        with open(workspace / ".git" / "y", "a") as f:
+            f.write("more\n")
+        os.truncate(workspace / ".git" / "y", 12)
+        assert (workspace / "a.txt").read_text() == "TWO\nnaled\nmo"
+    finally:
+        m.stop()
+    check_clean(m)

@@ -198,6 +198,24 @@ class Namespace:
                 inode.paths.add(p)
                 self.files.inodes.by_path[p] = inode
 
+    async def unseen_names(self, inode: Inode, st: os.stat_result) -> None:
+        """Before a change to a regular file whose link count says it has names the inode
+        table has not seen (a mount knows the names looked up since it began), while none
+        it knows is journaled: find them. One may be journaled, and then every change to
+        the file is, through any name (in place, it would go around that name's journal).
+        The walk is made once per file and link count (``Links.other_names``)."""
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink <= len(inode.paths) or not inode.paths:
+            return
+        if any(self.files.journaled(p) for p in inode.paths):
+            return
+        names = await trio.to_thread.run_sync(
+            self.ws.links.other_names, inode.path, st, tuple(inode.paths), limiter=WORKERS
+        )
+        for p in names:
+            if p not in self.files.inodes.by_path:
+                inode.paths.add(p)
+                self.files.inodes.by_path[p] = inode
+
     async def link(self, src: Inode, path: bytes, who: dict[str, Any]) -> None:
         """link(2): a new name of a file, journaled with the file's digest. Not of a file
         whose bytes are an open batch's (its draft, or a name it deletes): EXDEV."""

@@ -641,6 +641,8 @@ class Operations(pyfuse3.Operations):
         i = self._inode(inode)
         path = i.path if i.paths else None  # None: removed, still open (or just removed)
         st = self._stat(i)
+        if fields.update_size and not i.virtual:
+            await self.files.names.unseen_names(i, st)
         journaled = path is not None and self._journaled(i, st)
         if (
             fields.update_size
@@ -900,7 +902,10 @@ class Operations(pyfuse3.Operations):
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         # Size and link count matter only to a writer: a reader (grep opens every file)
         # is spared a stat.
-        journaled = self._journaled(i, self._stat(i) if writable else None)
+        st = self._stat(i) if writable else None
+        if st is not None and not i.virtual:
+            await self.files.names.unseen_names(i, st)
+        journaled = self._journaled(i, st)
         if not i.virtual:
             self.files.open_backing(i, writable and not journaled)
             if self._file_noatime:
@@ -1096,7 +1101,8 @@ class Operations(pyfuse3.Operations):
         file just written was, and the file ended a mix of both writes)."""
         if i.stage is not None or i.pending is not None:
             st = None  # journaled, unless a glob says otherwise
-        return self.files.journaled(i.path, st, i.is_dir)
+        # Any name: a hard-linked file with one journaled name is journaled through all.
+        return any(self.files.journaled(p, st, i.is_dir) for p in sorted(i.paths or {i.path}))
 
     async def _to_change(self, i: Inode, who: dict[str, Any], end: int = 0) -> Stage | None:
         """The open stage a change to the file's bytes goes to; None: the file is changed
