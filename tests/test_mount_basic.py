@@ -542,3 +542,24 @@ def test_a_journaled_file_written_through_a_passthrough_link_is_journaled(
     finally:
         m.stop()
     check_clean(m)
+
+
+def test_a_truncate_right_after_a_rename_onto_a_passthrough_name_holds(workspace: Path) -> None:
+    """A write, then a rename onto a passthrough name while the write's commit is still
+    queued, then truncate(2): the truncation went in place under that commit, and the
+    commit landing undid it (the model test found it)."""
+    (workspace / "node_modules").mkdir()
+    m = Mount(workspace).start()
+    try:
+        for n in range(5):
+            with open(workspace / f"a{n}", "ab") as f:
+                f.write(b"\0")
+            os.rename(workspace / f"a{n}", workspace / "node_modules" / f"a{n}")
+            os.truncate(workspace / "node_modules" / f"a{n}", 0)
+            assert (workspace / "node_modules" / f"a{n}").read_bytes() == b""
+        (m.path / ".rw" / "ctl").write_text("sync\n")
+        assert all(os.stat(workspace / "node_modules" / f"a{n}").st_size == 0 for n in range(5))
+    finally:
+        m.stop()
+    check_clean(m)
+    assert all((workspace / "node_modules" / f"a{n}").read_bytes() == b"" for n in range(5))

@@ -1094,13 +1094,14 @@ class Operations(pyfuse3.Operations):
         return not self._journaled(i, st)
 
     def _journaled(self, i: Inode, st: os.stat_result | None) -> bool:
-        """Whether a change to the file goes through a stage. Its size decides (policy
-        ``max_journaled_bytes``), except while a stage or a queued commit holds its bytes:
-        the tree does not hold what the mount shows then, and a change made in place
-        would go under that commit and be lost when it lands (an O_TRUNC open of a big
-        file just written was, and the file ended a mix of both writes)."""
+        """Whether a change to the file goes through a stage. The globs and its size
+        decide (policy ``max_journaled_bytes``), except while a stage or a queued commit
+        holds its bytes: the tree does not hold what the mount shows then, and a change
+        made in place would go under that commit and be lost when it lands (an O_TRUNC
+        open of a big file just written was, and the file ended a mix of both writes; a
+        truncate(2) of a file a rename had just moved onto a passthrough name was undone)."""
         if i.stage is not None or i.pending is not None:
-            st = None  # journaled, unless a glob says otherwise
+            return True
         # Any name: a hard-linked file with one journaled name is journaled through all.
         return any(self.files.journaled(p, st, i.is_dir) for p in sorted(i.paths or {i.path}))
 
