@@ -28,7 +28,10 @@
  *   called for each. A write that finds the disk full goes to Python too, which frees
  *   what rwfs keeps of removed files and tries again. The kernel
  *   asks for security.capability before each write: for such an inode it is read from
- *   the stage here too (as Operations.getxattr would), in wrapped getxattr.
+ *   the stage here too (as Operations.getxattr would), in wrapped getxattr. So it is for
+ *   an inode the kernel passes through (backing_open), from a descriptor of this module's
+ *   own on the backing file: the kernel asks before each of its writes, which would
+ *   otherwise each be a request answered in Python though the bytes never reach it.
  *   And it wraps flush, fsync and write_buf to note the pid of the process that sent the
  *   request (caller()): pyfuse3 passes those handlers no request context, and rwfs tells
  *   a refused writer on its stderr (notice.py). pyfuse3 runs the handler's first step
@@ -60,6 +63,7 @@
 #include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <sys/xattr.h>
+#include <unistd.h>
 
 #define DIR_INODE (1ULL << 63)
 #define CACHE_DIR (1ULL << 62)
@@ -408,12 +412,74 @@ static void write_buf_w(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv
         lf_reply_write(req, (size_t)res);
 }
 
+/* Inodes with a backing id (passed through), each with a descriptor of its backing file
+ * that is this module's own (a dup: rwfs may close or replace the inode's descriptor
+ * meanwhile, and a reused number must never answer for another file). Open addressing
+ * from ino % DIRECT_SLOTS, DIRECT_PROBES slots tried; an inode that finds none is not
+ * listed and Python answers for it. Only the loop's thread uses the table. */
+#define DIRECT_SLOTS 4096
+#define DIRECT_PROBES 16
+static struct {
+    uint64_t ino; /* 0: a free slot */
+    int fd;
+} direct[DIRECT_SLOTS];
+static unsigned long long direct_answers;
+
+static int direct_slot(uint64_t ino)
+{
+    for (int i = 0; i < DIRECT_PROBES; i++) {
+        int k = (int)((ino + (uint64_t)i) % DIRECT_SLOTS);
+        if (direct[k].ino == ino)
+            return k;
+    }
+    return -1;
+}
+
+static void direct_drop(uint64_t ino);
+
+static void direct_add(uint64_t ino, int fd)
+{
+    if (ino == 0)
+        return;
+    direct_drop(ino); /* (never listed twice; a stale entry would answer for another file) */
+    for (int i = 0; i < DIRECT_PROBES; i++) {
+        int k = (int)((ino + (uint64_t)i) % DIRECT_SLOTS);
+        if (direct[k].ino == 0) {
+            int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+            if (own >= 0) {
+                direct[k].ino = ino;
+                direct[k].fd = own;
+            }
+            return;
+        }
+    }
+}
+
+static void direct_drop(uint64_t ino)
+{
+    int k = ino != 0 ? direct_slot(ino) : -1;
+    if (k >= 0) {
+        close(direct[k].fd);
+        direct[k].ino = 0;
+        direct[k].fd = -1;
+    }
+}
+
 static void getxattr_w(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
-    PyGILState_STATE gil = PyGILState_Ensure();
-    struct fast *f = strcmp(name, "security.capability") == 0 ? fast_by_ino(ino) : NULL;
-    int fd = f != NULL ? fast_fd(f) : -1;
-    PyGILState_Release(gil);
+    int fd = -1;
+    if (strcmp(name, "security.capability") == 0) {
+        int k = direct_slot(ino);
+        if (k >= 0) {
+            fd = direct[k].fd;
+            direct_answers++;
+        } else {
+            PyGILState_STATE gil = PyGILState_Ensure();
+            struct fast *f = fast_by_ino(ino);
+            fd = f != NULL ? fast_fd(f) : -1;
+            PyGILState_Release(gil);
+        }
+    }
     if (fd < 0) {
         inner.getxattr(req, ino, name, size);
         return;
@@ -679,10 +745,11 @@ static PyObject *passthrough_ready(PyObject *self, PyObject *unused)
     return PyBool_FromLong(pt_ready && session_fd >= 0);
 }
 
-static PyObject *backing_open(PyObject *self, PyObject *arg)
+static PyObject *backing_open(PyObject *self, PyObject *args)
 {
-    int fd = (int)PyLong_AsLong(arg);
-    if (PyErr_Occurred())
+    int fd;
+    unsigned long long ino;
+    if (!PyArg_ParseTuple(args, "iK", &fd, &ino))
         return NULL;
     if (!pt_ready || session_fd < 0) {
         errno = EOPNOTSUPP;
@@ -692,14 +759,17 @@ static PyObject *backing_open(PyObject *self, PyObject *arg)
     int id = ioctl(session_fd, BACKING_OPEN, &map);
     if (id < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
+    direct_add(ino, fd);
     return PyLong_FromLong(id);
 }
 
-static PyObject *backing_close(PyObject *self, PyObject *arg)
+static PyObject *backing_close(PyObject *self, PyObject *args)
 {
-    uint32_t id = (uint32_t)PyLong_AsUnsignedLong(arg);
-    if (PyErr_Occurred())
+    unsigned int id;
+    unsigned long long ino;
+    if (!PyArg_ParseTuple(args, "IK", &id, &ino))
         return NULL;
+    direct_drop(ino);
     if (session_fd >= 0 && ioctl(session_fd, BACKING_CLOSE, &id) < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
     Py_RETURN_NONE;
@@ -723,6 +793,11 @@ static PyObject *passthrough(PyObject *self, PyObject *args)
     Py_RETURN_TRUE;
 }
 
+static PyObject *direct_count(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(direct_answers);
+}
+
 static PyObject *passthrough_count(PyObject *self, PyObject *unused)
 {
     return PyLong_FromUnsignedLongLong(pt_opens);
@@ -733,8 +808,13 @@ static PyMethodDef methods[] = {
      "Before the mount: offer the kernel FUSE passthrough at INIT, where it can."},
     {"passthrough_ready", passthrough_ready, METH_NOARGS,
      "Whether INIT asked the kernel for FUSE passthrough."},
-    {"backing_open", backing_open, METH_O, "backing_open(fd) -> the kernel's backing id."},
-    {"backing_close", backing_close, METH_O, "backing_close(id): the kernel lets it go."},
+    {"backing_open", backing_open, METH_VARARGS,
+     "backing_open(fd, ino) -> the kernel's backing id; ino's security.capability is "
+     "answered here until backing_close."},
+    {"backing_close", backing_close, METH_VARARGS,
+     "backing_close(id, ino): the kernel lets it go."},
+    {"direct_answers", direct_count, METH_NOARGS,
+     "How many security.capability questions of passed-through inodes were answered here."},
     {"passthrough", passthrough, METH_VARARGS,
      "passthrough(fh, id): the OPEN or CREATE reply of this handle is in passthrough."},
     {"passthrough_opens", passthrough_count, METH_NOARGS,

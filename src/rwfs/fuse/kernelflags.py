@@ -156,15 +156,25 @@ def passthrough_ready() -> bool:
     return bool(ACTIVE and _fuseopen.passthrough_ready())
 
 
-def backing_open(fd: int) -> int:
+def backing_open(fd: int, ino: int) -> int:
     """Register an open backing file with the kernel: its backing id. OSError when the
-    kernel refuses (EPERM: no CAP_SYS_ADMIN; EOPNOTSUPP: no passthrough)."""
-    return int(_fuseopen.backing_open(fd))
+    kernel refuses (EPERM: no CAP_SYS_ADMIN; EOPNOTSUPP: no passthrough). Until
+    ``backing_close``, the extension answers inode ``ino``'s ``security.capability``
+    itself, from a descriptor of its own on the file: the kernel asks before each write
+    it passes through."""
+    return int(_fuseopen.backing_open(fd, ino))
 
 
-def backing_close(backing_id: int) -> None:
-    """The kernel lets the backing file go (the open files passed through keep theirs)."""
-    _fuseopen.backing_close(backing_id)
+def backing_close(backing_id: int, ino: int) -> None:
+    """The kernel lets the backing file go (the open files passed through keep theirs),
+    and ``ino``'s questions go to Python again."""
+    _fuseopen.backing_close(backing_id, ino)
+
+
+def direct_answers() -> int:
+    """How many ``security.capability`` questions of passed-through inodes the extension
+    answered."""
+    return int(_fuseopen.direct_answers()) if ACTIVE else 0
 
 
 def passthrough(fh: int, backing_id: int) -> int:

@@ -52,7 +52,7 @@ class Passthrough:
         backing = self._ids.get(inode.serial)
         if backing is None:
             try:
-                backing = kernelflags.backing_open(inode.fd)
+                backing = kernelflags.backing_open(inode.fd, inode.ino)
             except OSError as exc:
                 if exc.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTTY):
                     self.refused = os.strerror(exc.errno or errno.EPERM)
@@ -73,7 +73,7 @@ class Passthrough:
         backing = self._ids.pop(inode.serial, None)
         if backing is not None:
             try:
-                kernelflags.backing_close(backing)
+                kernelflags.backing_close(backing, inode.ino)
             except OSError as exc:  # (the kernel holds its own reference: nothing leaks)
                 log.info("closing backing id %d: %s", backing, exc)
 
@@ -82,5 +82,6 @@ class Passthrough:
             "on": self.on,
             "opens": kernelflags.passthrough_opens(),
             "files": len(self._ids),
+            "capability_answers": kernelflags.direct_answers(),
             "refused": self.refused or None,
         }
