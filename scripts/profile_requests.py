@@ -53,7 +53,7 @@ sys.path.insert(0, str(SCRIPTS))
 import bench  # noqa: E402  (its mount helpers, floor and idle wait)
 
 MODES = ("group", "strict")
-WORKLOADS = ("floor", "new", "new_fsync", "rewrite", "save", "meta")
+WORKLOADS = ("floor", "new", "new_fsync", "rewrite", "save", "meta", "gitobj")
 META_PHASES = ("create", "chmod", "truncate", "rename", "link", "unlink_link", "unlink")
 META_PHASES += ("mkdir", "rmdir")
 FLOOR_XATTR = "user.rwfs-profile-missing"
@@ -580,6 +580,33 @@ def meta_phases(root: Path, n: int) -> list[tuple[str, Callable[[], tuple[float,
     ]
 
 
+def w_gitobj(root: Path, n: int) -> Callable[[], dict[str, tuple[float, int]]]:
+    """What git does for each object it writes, under its passthrough ``.git/``: a
+    temporary made with O_EXCL, its bytes, the close, a link to the object's name in a
+    fan-out directory and the temporary's unlink (``git add``, ``commit``, ``gc``)."""
+    objects = root / "gitobj" / ".git" / "objects"
+    fan = [objects / f"{i:02x}" for i in range(64)]
+    for d in fan:
+        d.mkdir(parents=True)
+    data = payloads(n, 99)
+
+    def run() -> dict[str, tuple[float, int]]:
+        t0 = time.perf_counter()
+        for i, b in enumerate(data):
+            d = fan[i % 64]
+            tmp, final = d / f"tmp_obj_{i:06d}", d / f"{i:038x}"
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o444)
+            try:
+                os.write(fd, b)
+            finally:
+                os.close(fd)
+            os.link(tmp, final)
+            os.unlink(tmp)
+        return {"file": (time.perf_counter() - t0, n)}
+
+    return run
+
+
 def getxattr_loop(path: Path, calls: int) -> float:
     def loop() -> None:
         for _ in range(calls):
@@ -611,6 +638,9 @@ def phases(root: Path, n: int, which: tuple[str, ...], floor_calls: int) -> Iter
         elif w == "meta":
             for name, run in meta_phases(root, n):
                 yield w, name, run
+        elif w == "gitobj":
+            run = w_gitobj(root, n)
+            yield w, "object", lambda run=run: run()["file"]
 
 
 def measure(d: Daemon, n: int, which: tuple[str, ...], floor_calls: int) -> list[dict[str, Any]]:
@@ -704,13 +734,16 @@ def count_pass(d: Daemon, n: int, which: tuple[str, ...]) -> list[dict[str, Any]
 # The profile pass: cProfile of the loop's thread, py-spy of every thread
 
 
-def profile_pass(n: int, top: int) -> dict[str, Any]:
+PROFILED = ("new", "rewrite", "save", "gitobj")
+
+
+def profile_pass(n: int, top: int, which: tuple[str, ...] = PROFILED) -> dict[str, Any]:
     out: dict[str, Any] = {}
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     with daemon("group") as d:
-        for w in ("new", "rewrite", "save"):
+        for w in (w for w in PROFILED if w in which):
             run = {"new": lambda: w_new(d.ws, n, False), "rewrite": lambda: w_rewrite(d.ws, n),
-                   "save": lambda: w_save(d.ws, n)}[w]()  # fmt: skip
+                   "save": lambda: w_save(d.ws, n), "gitobj": lambda: w_gitobj(d.ws, n)}[w]()  # fmt: skip
             d.idle()
             raw = d.out / f"pyspy-{w}.txt"
             sp = None
@@ -1018,7 +1051,7 @@ def main(argv: list[str] | None = None) -> int:
             with daemon(mode, ("debug",)) as d:
                 res["count"][mode] = count_pass(d, args.count_files, which)
     if not args.no_profile:
-        res["profile"] = profile_pass(args.files, args.top)
+        res["profile"] = profile_pass(args.files, args.top, which)
     with open("/proc/loadavg") as f:
         res["loadavg_after"] = f.read().split()[:3]
     if args.json:
