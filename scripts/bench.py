@@ -404,7 +404,31 @@ def w_git(env: Env) -> dict[str, float]:
     env.settle()
     warm(lambda: run([*GIT, "status"], cwd=tree))
     t_status = timed(lambda: run([*GIT, "status"], cwd=tree))
-    return {"git_commit": t_commit, "git_status": t_status}
+    env.settle()
+    # Packs every loose object the commit wrote and removes them: .git/ alone.
+    t_gc = timed(lambda: run([*GIT, "gc", "-q"], cwd=tree))
+    return {"git_commit": t_commit, "git_status": t_status, "git_gc": t_gc}
+
+
+# A real project's tests, run where an agent runs them: rwfs's own in-process suites (no
+# mount), copied with the sources they import. pytest writes its __pycache__/ beside them.
+PYTEST_FILES = ("test_parsers.py", "test_decision.py", "test_imports.py")
+
+
+def w_pytest(env: Env) -> dict[str, float]:
+    root = SCRIPTS.parent
+    proj = env.dir / "project"
+    shutil.copytree(root / "src", proj / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    (proj / "tests").mkdir()
+    names = [n for n in PYTEST_FILES if (root / "tests" / n).exists()]
+    for n in ("conftest.py", "gate_corpus.py", *names):
+        if (root / "tests" / n).exists():
+            shutil.copy2(root / "tests" / n, proj / "tests" / n)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    run_env = {**os.environ, "PYTHONPATH": str(proj / "src")}
+    env.settle()
+    t = timed(lambda: run([*cmd, *(f"tests/{n}" for n in names)], cwd=proj, env=run_env))
+    return {"pytest": t}
 
 
 def _small_files(env: Env, fsync: bool) -> float:
@@ -931,8 +955,15 @@ def workloads(args: argparse.Namespace, tree_desc: str) -> list[Workload]:
             [
                 ("git_commit", "git add -A && git commit", WRITE_TARGET),
                 ("git_status", "git status (warm)", READ_TARGET),
+                ("git_gc", "git gc (.git/ passthrough)", PASS_TARGET),
             ],
             w_git,
+        ),
+        Workload(
+            "pytest",
+            [("pytest", "pytest of rwfs's own core tests (sources journaled)", WRITE_TARGET)],
+            w_pytest,
+            no_tree=True,
         ),
         Workload(
             "checkout",
