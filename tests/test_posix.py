@@ -873,6 +873,33 @@ def test_a_removed_directory_lists_empty_and_a_removed_file_keeps_its_xattrs(
     assert root_xattrs == []
 
 
+def test_a_directory_replaced_by_a_rename_is_still_stat_able_through_its_descriptor(
+    roots: tuple[Path, Path],
+) -> None:
+    def run(root: Path) -> Any:
+        (root / "old").mkdir(mode=0o750)
+        (root / "new").mkdir(mode=0o700)
+        dfd = os.open(root / "old", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            before = os.fstat(dfd)
+            os.rename(root / "new", root / "old")
+            after = os.fstat(dfd)
+            listed = os.listdir(dfd)
+        finally:
+            os.close(dfd)
+        now = (root / "old").stat()
+        return (
+            stat.S_ISDIR(after.st_mode),
+            stat.S_IMODE(after.st_mode),
+            after.st_ino == before.st_ino,
+            now.st_ino != before.st_ino,
+            stat.S_IMODE(now.st_mode),
+            listed,
+        )
+
+    assert both(roots, run) == ("ok", (True, 0o750, True, True, 0o700, []))
+
+
 def test_mkfifo(roots: tuple[Path, Path]) -> None:
     def run(root: Path) -> Any:
         os.mkfifo(root / "fifo", 0o640)

@@ -218,7 +218,12 @@ class Renames:
             # Moved before any wait: an open meanwhile must see the file's new name (under
             # its old one it could be passed through the kernel: core/direct.py).
             self.files.inodes.move(src, dst)
-            if gone is not None and dst_st is not None and not stat.S_ISDIR(dst_st.st_mode):
+            if gone is not None and dst_st is not None and stat.S_ISDIR(dst_st.st_mode):
+                # An empty directory replaced: removed, as by rmdir (a descriptor or a cwd
+                # may still hold it, and its fstat must not fail).
+                self.files.inodes.orphan(gone)
+                gone.removed = dst_st
+            elif gone is not None and dst_st is not None:
                 if dst_st.st_nlink == 1:
                     self.files.inodes.orphan(gone)
                 else:
