@@ -11,6 +11,7 @@ import errno
 import json
 import mmap
 import os
+import stat
 import struct
 import subprocess
 from collections.abc import Iterator
@@ -291,3 +292,85 @@ def test_a_passed_through_files_capability_goes_at_its_next_write(mount: Mount) 
     assert plain.read_bytes() == b"#!/bin/sh\nb\nb\n"
     assert status(mount)["passthrough"]["capability_answers"] >= 3
     assert status(mount)["passthrough"]["files"] == 0
+
+
+def _dir_view(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_mode, st.st_nlink, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns)
+
+
+def test_a_directorys_attributes_are_its_backing_directorys_through_every_change(
+    mount: Mount,
+) -> None:
+    """GETATTR of a directory is answered in C (by file handle) once rwfs has answered for
+    it in Python: after each change the mount's stat of every directory must be the backing
+    directory's, and a directory removed or replaced must still be answered as before."""
+    s = status(mount)
+    backing = Path(f"/proc/{s['pid']}/fd/{s['root_fd']}")
+    top = mount.path
+    names = ["", "a", "a/b", "a/b/c", "node_modules", "node_modules/p"]
+
+    def agree() -> None:
+        for n in names:
+            if (backing / n).exists():
+                assert _dir_view((top / n).stat()) == _dir_view((backing / n).stat()), n
+        assert top.stat().st_ino == 1  # FUSE's root, whatever the backing number
+        for n in names[1:]:  # and the number its parent's listing gives it
+            if (backing / n).exists():
+                parent, _, name = n.rpartition("/")
+                listed = {e.name: e.inode() for e in os.scandir(top / parent)}
+                assert listed[name] == (top / n).stat().st_ino, n
+
+    (top / "a/b/c").mkdir(parents=True)
+    (top / "node_modules/p").mkdir(parents=True)
+    agree()
+    before = s["dir_attr_answers"]
+    for i in range(20):  # entries made and removed: the kernel asks again each time
+        (top / "a/b" / f"f{i}").write_bytes(b"x")
+        (top / "node_modules/p" / f"g{i}").write_bytes(b"y")
+        agree()
+    for i in range(0, 20, 2):
+        (top / "a/b" / f"f{i}").unlink()
+        agree()
+    os.chmod(top / "a/b", 0o711)
+    os.chown(top / "a/b/c", 1234, 5678)
+    os.utime(top / "a", ns=(1_000_000_000, 2_000_000_000))
+    agree()
+    assert (top / "a").stat().st_mtime_ns == 2_000_000_000
+    os.rename(top / "a/b/c", top / "a/c2")
+    names[3] = "a/c2"
+    agree()
+    assert status(mount)["dir_attr_answers"] > before  # (the C path answered)
+
+    # Removed while open, and replaced by a rename over it: Python answers as before.
+    held = os.open(top / "a/c2", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        seen = os.fstat(held)
+        os.rmdir(top / "a/c2")
+        after = os.fstat(held)
+        assert stat.S_ISDIR(after.st_mode) and after.st_ino == seen.st_ino
+    finally:
+        os.close(held)
+    (top / "old").mkdir()
+    (top / "new").mkdir(mode=0o700)
+    held = os.open(top / "old", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.rename(top / "new", top / "old")
+        assert stat.S_IMODE((top / "old").stat().st_mode) == 0o700
+        assert os.fstat(held).st_ino != (top / "old").stat().st_ino
+    finally:
+        os.close(held)
+    names.append("old")
+    agree()
+
+
+def test_directories_are_answered_in_python_with_the_fast_path_off(workspace: Path) -> None:
+    m = Mount(workspace, options=("fastpath=off",)).start()
+    try:
+        (m.path / "d/e").mkdir(parents=True)
+        for i in range(10):
+            (m.path / "d/e" / f"f{i}").write_bytes(b"x")
+            (m.path / "d/e").stat()
+        assert status(m)["dir_attr_answers"] == 0
+    finally:
+        m.stop()
+    check_clean(m)

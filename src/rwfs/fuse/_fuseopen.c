@@ -32,6 +32,10 @@
  *   an inode the kernel passes through (backing_open), from a descriptor of this module's
  *   own on the backing file: the kernel asks before each of its writes, which would
  *   otherwise each be a request answered in Python though the bytes never reach it.
+ *   And it wraps getattr: a directory rwfs listed with dir_known() is answered here, by
+ *   fstat of the directory opened by its file handle (open_by_handle_at), as
+ *   Operations.getattr would answer it; the kernel asks again after every entry made or
+ *   removed in the directory (its permission check, default_permissions).
  *   And it wraps flush, fsync and write_buf to note the pid of the process that sent the
  *   request (caller()): pyfuse3 passes those handlers no request context, and rwfs tells
  *   a refused writer on its stderr (notice.py). pyfuse3 runs the handler's first step
@@ -61,6 +65,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -495,6 +500,62 @@ static void getxattr_w(fuse_req_t req, fuse_ino_t ino, const char *name, size_t 
     free(buf);
 }
 
+/* Directories whose GETATTR is answered here: the FUSE inode number, a file handle of the
+ * backing directory (name_to_handle_at) and its (st_dev, st_ino). An answer opens the
+ * handle (O_PATH) and fstats it; anything but that same directory, still linked, goes to
+ * Python (deleted, the number reused, a handle gone stale), which lists it again. A cache:
+ * a directory that finds no free slot among its probes takes the first one, since a
+ * directory not listed is only answered in Python. Only the loop's thread uses it. */
+#define DIR_SLOTS 8192
+#define DIR_PROBES 8
+#define DIR_HANDLE 64
+static struct dirent_c {
+    uint64_t ino; /* 0: a free slot */
+    dev_t dev;
+    ino_t bino;
+    struct file_handle fh;
+    unsigned char fh_bytes[DIR_HANDLE];
+} dirs[DIR_SLOTS];
+static int dirs_fd = -1; /* any descriptor on the tree's filesystem: the root's, dup'd */
+static double dirs_timeout;
+static unsigned long long dir_answers;
+static int (*lf_reply_attr)(fuse_req_t, const struct stat *, double);
+
+static int dir_slot(uint64_t ino)
+{
+    for (int i = 0; i < DIR_PROBES; i++) {
+        int k = (int)((ino + (uint64_t)i) % DIR_SLOTS);
+        if (dirs[k].ino == ino)
+            return k;
+    }
+    return -1;
+}
+
+static void getattr_w(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    int k = dirs_fd >= 0 ? dir_slot(ino) : -1;
+    if (k >= 0) {
+        int fd = open_by_handle_at(dirs_fd, &dirs[k].fh, O_PATH | O_CLOEXEC);
+        struct stat st;
+        int ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_nlink > 0 &&
+                 st.st_dev == dirs[k].dev && st.st_ino == dirs[k].bino;
+        if (fd < 0 && errno == EPERM) {
+            close(dirs_fd); /* no CAP_DAC_READ_SEARCH: Python answers from now on */
+            dirs_fd = -1;
+        }
+        if (fd >= 0)
+            close(fd);
+        if (ok) {
+            st.st_ino = ino;
+            dir_answers++;
+            lf_reply_attr(req, &st, dirs_timeout);
+            return;
+        }
+        dirs[k].ino = 0;
+    }
+    inner.getattr(req, ino, fi);
+}
+
 /* Requests handed to rwfs's serve() and not answered yet. A token is the request's
  * address; reply_*() answers only a request listed here, so a token answered twice or
  * never given is refused instead of reaching libfuse. */
@@ -581,6 +642,8 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
         ops.write_buf = write_buf_w;
     if (ops.getxattr != NULL)
         ops.getxattr = getxattr_w;
+    if (ops.getattr != NULL)
+        ops.getattr = getattr_w;
     if (ops.flush != NULL)
         ops.flush = flush_w;
     if (ops.fsync != NULL)
@@ -793,6 +856,58 @@ static PyObject *passthrough(PyObject *self, PyObject *args)
     Py_RETURN_TRUE;
 }
 
+static PyObject *dir_attrs(PyObject *self, PyObject *args)
+{
+    int fd;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "id", &fd, &timeout))
+        return NULL;
+    if (dirs_fd >= 0)
+        close(dirs_fd);
+    dirs_fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    dirs_timeout = timeout;
+    return PyBool_FromLong(dirs_fd >= 0);
+}
+
+static PyObject *dir_known(PyObject *self, PyObject *args)
+{
+    unsigned long long ino, dev, bino;
+    int at;
+    const char *path;
+    if (!PyArg_ParseTuple(args, "KiyKK", &ino, &at, &path, &dev, &bino))
+        return NULL;
+    if (dirs_fd < 0 || ino == 0)
+        Py_RETURN_FALSE;
+    int k = dir_slot(ino);
+    if (k >= 0 && dirs[k].dev == (dev_t)dev && dirs[k].bino == (ino_t)bino)
+        Py_RETURN_TRUE;
+    if (k < 0) {
+        k = (int)(ino % DIR_SLOTS);
+        for (int i = 0; i < DIR_PROBES; i++) {
+            int j = (int)((ino + (uint64_t)i) % DIR_SLOTS);
+            if (dirs[j].ino == 0) {
+                k = j;
+                break;
+            }
+        }
+    }
+    dirs[k].ino = 0;
+    dirs[k].fh.handle_bytes = DIR_HANDLE;
+    int mount_id;
+    int flags = path[0] == '\0' ? AT_EMPTY_PATH : 0; /* never a symlink's target */
+    if (name_to_handle_at(at, path, &dirs[k].fh, &mount_id, flags) < 0)
+        Py_RETURN_FALSE;
+    dirs[k].dev = (dev_t)dev;
+    dirs[k].bino = (ino_t)bino;
+    dirs[k].ino = ino;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *dir_count(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(dir_answers);
+}
+
 static PyObject *direct_count(PyObject *self, PyObject *unused)
 {
     return PyLong_FromUnsignedLongLong(direct_answers);
@@ -813,6 +928,13 @@ static PyMethodDef methods[] = {
      "answered here until backing_close."},
     {"backing_close", backing_close, METH_VARARGS,
      "backing_close(id, ino): the kernel lets it go."},
+    {"dir_attrs", dir_attrs, METH_VARARGS,
+     "dir_attrs(fd, timeout): answer GETATTR of listed directories here (fd: one on the "
+     "tree's filesystem; -1: stop). False when it cannot."},
+    {"dir_known", dir_known, METH_VARARGS,
+     "dir_known(ino, dirfd, path, st_dev, st_ino): list the directory at path (relative to "
+     "dirfd; b'': dirfd itself), whose stat rwfs just answered with."},
+    {"dir_answers", dir_count, METH_NOARGS, "How many GETATTRs of directories were answered here."},
     {"direct_answers", direct_count, METH_NOARGS,
      "How many security.capability questions of passed-through inodes were answered here."},
     {"passthrough", passthrough, METH_VARARGS,
@@ -861,6 +983,7 @@ PyMODINIT_FUNC PyInit__fuseopen(void)
         *(void **)&lf_reply_xattr = dlsym(lib, "fuse_reply_xattr");
         *(void **)&lf_reply_buf = dlsym(lib, "fuse_reply_buf");
         *(void **)&lf_reply_lseek = dlsym(lib, "fuse_reply_lseek");
+        *(void **)&lf_reply_attr = dlsym(lib, "fuse_reply_attr");
         *(void **)&lf_req_ctx = dlsym(lib, "fuse_req_ctx");
     }
     if (libfuse_reply_open == NULL || libfuse_session_new == NULL || lf_buf_copy == NULL ||
@@ -868,6 +991,7 @@ PyMODINIT_FUNC PyInit__fuseopen(void)
         lf_session_fd == NULL ||
         lf_buf_size == NULL || lf_reply_write == NULL || lf_reply_err == NULL ||
         lf_reply_xattr == NULL || lf_reply_buf == NULL || lf_reply_lseek == NULL ||
+        lf_reply_attr == NULL ||
         lf_req_ctx == NULL) {
         PyErr_SetString(PyExc_ImportError, "libfuse3's functions were not found");
         return NULL;

@@ -330,6 +330,15 @@ class Operations(pyfuse3.Operations):
         self.control.live["fast_writes"] = kernelflags.fast_written
         self.show_control = show_control
         self.timeout = timeout
+        # The fast path, over the workspace (where only rwfs changes the tree, so a
+        # directory's attributes are its backing directory's, found by file handle as
+        # well as by path): GETATTR of a directory answered in C (kernelflags.dir_known).
+        self._dir_attrs = (
+            bool(info.get("fastpath"))
+            and info.get("workspace") == info.get("mountpoint")
+            and kernelflags.dir_attrs(ws.root_fd, timeout)
+        )
+        self.control.live["dir_attr_answers"] = kernelflags.dir_answers
         # -o noatime, -o nodiratime: the times shown are the backing files', which the
         # daemon's own reads would move, so it reads files (noatime) and lists directories
         # (both) without moving them (O_NOATIME; docs/cli.md, "atime").
@@ -418,6 +427,15 @@ class Operations(pyfuse3.Operations):
         i = self.inodes.get(ino)
         if i is not None and i.unlinked:
             a.st_nlink = 0  # its backing inode may be linked as a kept object (Inode)
+        elif (
+            self._dir_attrs
+            and i is not None
+            and i.is_dir
+            and i.paths
+            and i.removed is None
+            and st.st_dev == self.inodes.dev  # (a file handle names a file of one filesystem)
+        ):
+            kernelflags.dir_known(ino, self.ws.root_fd, i.path, st)
         a.st_uid = st.st_uid
         a.st_gid = st.st_gid
         a.st_rdev = st.st_rdev

@@ -171,6 +171,25 @@ def backing_close(backing_id: int, ino: int) -> None:
     _fuseopen.backing_close(backing_id, ino)
 
 
+def dir_attrs(fd: int, timeout: float) -> bool:
+    """Answer GETATTR of the directories ``dir_known`` lists in the extension, with this
+    attribute timeout; ``fd``: one on the tree's filesystem (the root's). False without
+    the extension or its wrapped session (nothing is then listed)."""
+    return bool(ACTIVE and _fuseopen.dir_attrs(fd, timeout))
+
+
+def dir_known(ino: int, at: int, path: bytes, st: os.stat_result) -> None:
+    """The directory ``path`` (relative to ``at``; ``b""``: ``at`` itself) is inode
+    ``ino``, whose attributes rwfs just answered with ``st``: its next GETATTRs may be
+    answered in C, as long as the file handle still opens that directory, linked."""
+    _fuseopen.dir_known(ino, at, path, st.st_dev, st.st_ino)
+
+
+def dir_answers() -> int:
+    """How many GETATTRs of directories the extension answered."""
+    return int(_fuseopen.dir_answers()) if ACTIVE else 0
+
+
 def direct_answers() -> int:
     """How many ``security.capability`` questions of passed-through inodes the extension
     answered."""
