@@ -374,3 +374,59 @@ def test_directories_are_answered_in_python_with_the_fast_path_off(workspace: Pa
     finally:
         m.stop()
     check_clean(m)
+
+
+@pytest.mark.skipif(not PASSES, reason="needs FUSE passthrough (Linux 6.9, CAP_SYS_ADMIN)")
+def test_a_passed_through_files_attributes_change_as_a_plain_files(
+    mount: Mount, tmp_path: Path
+) -> None:
+    """What tar, npm and pip do to each file they unpack, through the descriptor they wrote
+    it with (times, owner, mode), is answered in C for a passed-through file: the same
+    attributes as a plain file's after the same calls, the backing file's too; a size
+    change still goes to Python."""
+    s = status(mount)
+    backing = Path(f"/proc/{s['pid']}/fd/{s['root_fd']}")
+    (mount.path / "node_modules").mkdir()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+
+    def run(top: Path) -> list[tuple[int, ...]]:
+        seen = []
+        fd = os.open(top / "f.js", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"module.exports = 1;\n")
+            os.utime(fd, ns=(1_500_000_000_000_000_000, 1_600_000_000_000_000_000))
+            os.fchown(fd, 1234, 5678)
+            os.fchmod(fd, 0o4755)  # after the chown, which would clear it
+            seen.append(os.fstat(fd))
+            os.fchown(fd, 4321, -1)  # a chown clears set-user-ID
+            os.utime(fd, ns=(1_700_000_000_000_000_000, 1_600_000_000_000_000_000))
+            seen.append(os.fstat(fd))
+            os.ftruncate(fd, 7)
+            seen.append(os.fstat(fd))
+            os.unlink(top / "f.js")
+            os.fchmod(fd, 0o640)
+            seen.append(os.fstat(fd))
+        finally:
+            os.close(fd)
+        # (A truncation moves the mtime to now: only the times set are compared.)
+        return [(st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_nlink) for st in seen] + [
+            (st.st_atime_ns, st.st_mtime_ns) for st in seen[:2]
+        ]
+
+    before = status(mount)["passthrough"]["attr_answers"], requests(mount, "setattr")
+    got = run(mount.path / "node_modules")
+    after = status(mount)["passthrough"]["attr_answers"], requests(mount, "setattr")
+    assert got == run(plain)
+    assert after[0] - before[0] >= 5  # (answered in C)
+    assert after[1] - before[1] <= 2  # the size change, the chmod of the removed file
+    g = mount.path / "node_modules" / "g"
+    fd = os.open(g, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.fchmod(fd, 0o700)
+        os.utime(fd, ns=(1, 2))
+        assert _dir_view(os.stat(backing / "node_modules" / "g"))[:1] == (stat.S_IFREG | 0o700,)
+        assert os.stat(backing / "node_modules" / "g").st_mtime_ns == 2
+    finally:
+        os.close(fd)
+    assert status(mount)["passthrough"]["files"] == 0

@@ -32,7 +32,12 @@
  *   an inode the kernel passes through (backing_open), from a descriptor of this module's
  *   own on the backing file: the kernel asks before each of its writes, which would
  *   otherwise each be a request answered in Python though the bytes never reach it.
- *   And it wraps getattr: a directory rwfs listed with dir_known() is answered here, by
+ *   And it wraps getattr and setattr: for an inode the kernel passes through, GETATTR and
+ *   a SETATTR of mode, owner or times (no size) are answered here on that same
+ *   descriptor, as Operations.getattr and setattr would (they decide nothing for such a
+ *   file: no stage, no journaled name, nothing queued); tar, npm and pip set all three
+ *   on each file they unpack, through the descriptor they wrote it with.
+ *   And a directory rwfs listed with dir_known() is answered here, by
  *   fstat of the directory opened by its file handle (open_by_handle_at), as
  *   Operations.getattr would answer it; the kernel asks again after every entry made or
  *   removed in the directory (its permission check, default_permissions).
@@ -531,8 +536,72 @@ static int dir_slot(uint64_t ino)
     return -1;
 }
 
+static unsigned long long direct_attrs;
+
+/* A passed-through inode's attributes, from the module's own descriptor; 0 when there is
+ * none to give (not listed, removed: Python answers those). */
+static int direct_stat(fuse_ino_t ino, struct stat *st)
+{
+    int k = direct_slot(ino);
+    if (k < 0 || fstat(direct[k].fd, st) != 0 || st->st_nlink == 0)
+        return 0;
+    st->st_ino = ino;
+    return 1;
+}
+
+#define C_SETATTR                                                                             \
+    (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID | FUSE_SET_ATTR_ATIME |       \
+     FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW | FUSE_SET_ATTR_CTIME)
+
+static void setattr_w(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+                      struct fuse_file_info *fi)
+{
+    int k = (to_set & ~C_SETATTR) == 0 ? direct_slot(ino) : -1;
+    if (k < 0) {
+        inner.setattr(req, ino, attr, to_set, fi);
+        return;
+    }
+    int fd = direct[k].fd, err = 0;
+    /* Operations.setattr's order: a chown clears set-user-ID bits a chmod may give back. */
+    if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))
+        err = fchown(fd, (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1,
+                     (to_set & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1);
+    if (err == 0 && (to_set & FUSE_SET_ATTR_MODE))
+        err = fchmod(fd, attr->st_mode & 07777);
+    if (err == 0 && (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME |
+                               FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW))) {
+        struct timespec ts[2] = {{0, UTIME_OMIT}, {0, UTIME_OMIT}};
+        if (to_set & FUSE_SET_ATTR_ATIME_NOW)
+            ts[0].tv_nsec = UTIME_NOW;
+        else if (to_set & FUSE_SET_ATTR_ATIME)
+            ts[0] = attr->st_atim;
+        if (to_set & FUSE_SET_ATTR_MTIME_NOW)
+            ts[1].tv_nsec = UTIME_NOW;
+        else if (to_set & FUSE_SET_ATTR_MTIME)
+            ts[1] = attr->st_mtim;
+        err = futimens(fd, ts);
+    }
+    struct stat st;
+    if (err != 0) {
+        lf_reply_err(req, errno);
+        return;
+    }
+    if (!direct_stat(ino, &st)) {
+        inner.getattr(req, ino, fi); /* (what is changed is changed: Python answers) */
+        return;
+    }
+    direct_attrs++;
+    lf_reply_attr(req, &st, dirs_timeout);
+}
+
 static void getattr_w(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+    struct stat pst;
+    if (direct_stat(ino, &pst)) {
+        direct_attrs++;
+        lf_reply_attr(req, &pst, dirs_timeout);
+        return;
+    }
     int k = dirs_fd >= 0 ? dir_slot(ino) : -1;
     if (k >= 0) {
         int fd = open_by_handle_at(dirs_fd, &dirs[k].fh, O_PATH | O_CLOEXEC);
@@ -644,6 +713,8 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
         ops.getxattr = getxattr_w;
     if (ops.getattr != NULL)
         ops.getattr = getattr_w;
+    if (ops.setattr != NULL && ops.getattr != NULL)
+        ops.setattr = setattr_w;
     if (ops.flush != NULL)
         ops.flush = flush_w;
     if (ops.fsync != NULL)
@@ -865,7 +936,7 @@ static PyObject *dir_attrs(PyObject *self, PyObject *args)
     if (dirs_fd >= 0)
         close(dirs_fd);
     dirs_fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
-    dirs_timeout = timeout;
+    dirs_timeout = timeout; /* (passed-through inodes' answers have it too) */
     return PyBool_FromLong(dirs_fd >= 0);
 }
 
@@ -908,6 +979,11 @@ static PyObject *dir_count(PyObject *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(dir_answers);
 }
 
+static PyObject *direct_attr_count(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(direct_attrs);
+}
+
 static PyObject *direct_count(PyObject *self, PyObject *unused)
 {
     return PyLong_FromUnsignedLongLong(direct_answers);
@@ -929,12 +1005,15 @@ static PyMethodDef methods[] = {
     {"backing_close", backing_close, METH_VARARGS,
      "backing_close(id, ino): the kernel lets it go."},
     {"dir_attrs", dir_attrs, METH_VARARGS,
-     "dir_attrs(fd, timeout): answer GETATTR of listed directories here (fd: one on the "
-     "tree's filesystem; -1: stop). False when it cannot."},
+     "dir_attrs(fd, timeout): the attribute timeout of every answer given here, and GETATTR "
+     "of listed directories answered here (fd: one on the tree's filesystem; -1: not). "
+     "False when directories are not."},
     {"dir_known", dir_known, METH_VARARGS,
      "dir_known(ino, dirfd, path, st_dev, st_ino): list the directory at path (relative to "
      "dirfd; b'': dirfd itself), whose stat rwfs just answered with."},
     {"dir_answers", dir_count, METH_NOARGS, "How many GETATTRs of directories were answered here."},
+    {"direct_attrs", direct_attr_count, METH_NOARGS,
+     "How many GETATTRs and SETATTRs of passed-through inodes were answered here."},
     {"direct_answers", direct_count, METH_NOARGS,
      "How many security.capability questions of passed-through inodes were answered here."},
     {"passthrough", passthrough, METH_VARARGS,

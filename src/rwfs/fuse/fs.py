@@ -330,13 +330,13 @@ class Operations(pyfuse3.Operations):
         self.control.live["fast_writes"] = kernelflags.fast_written
         self.show_control = show_control
         self.timeout = timeout
-        # The fast path, over the workspace (where only rwfs changes the tree, so a
-        # directory's attributes are its backing directory's, found by file handle as
-        # well as by path): GETATTR of a directory answered in C (kernelflags.dir_known).
-        self._dir_attrs = (
-            bool(info.get("fastpath"))
-            and info.get("workspace") == info.get("mountpoint")
-            and kernelflags.dir_attrs(ws.root_fd, timeout)
+        # The fast path answers some attributes in C, with this timeout: a passed-through
+        # file's (passthrough.py) and, over the workspace (where only rwfs changes the
+        # tree, so a directory's attributes are its backing directory's, found by file
+        # handle as well as by path), a directory's (kernelflags.dir_known).
+        overmount = info.get("workspace") == info.get("mountpoint")
+        self._dir_attrs = bool(info.get("fastpath")) and kernelflags.dir_attrs(
+            ws.root_fd if overmount else -1, timeout
         )
         self.control.live["dir_attr_answers"] = kernelflags.dir_answers
         # -o noatime, -o nodiratime: the times shown are the backing files', which the

@@ -172,9 +172,10 @@ def backing_close(backing_id: int, ino: int) -> None:
 
 
 def dir_attrs(fd: int, timeout: float) -> bool:
-    """Answer GETATTR of the directories ``dir_known`` lists in the extension, with this
-    attribute timeout; ``fd``: one on the tree's filesystem (the root's). False without
-    the extension or its wrapped session (nothing is then listed)."""
+    """The attribute timeout of the answers the extension gives (a passed-through file's
+    GETATTR and SETATTR), and GETATTR of the directories ``dir_known`` lists answered
+    there too, unless ``fd`` is -1 (else one on the tree's filesystem: the root's). False
+    when directories are not (without the extension, nothing is answered there)."""
     return bool(ACTIVE and _fuseopen.dir_attrs(fd, timeout))
 
 
@@ -188,6 +189,11 @@ def dir_known(ino: int, at: int, path: bytes, st: os.stat_result) -> None:
 def dir_answers() -> int:
     """How many GETATTRs of directories the extension answered."""
     return int(_fuseopen.dir_answers()) if ACTIVE else 0
+
+
+def direct_attrs() -> int:
+    """How many GETATTRs and SETATTRs of passed-through inodes the extension answered."""
+    return int(_fuseopen.direct_attrs()) if ACTIVE else 0
 
 
 def direct_answers() -> int:

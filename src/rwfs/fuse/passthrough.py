@@ -83,5 +83,6 @@ class Passthrough:
             "opens": kernelflags.passthrough_opens(),
             "files": len(self._ids),
             "capability_answers": kernelflags.direct_answers(),
+            "attr_answers": kernelflags.direct_attrs(),
             "refused": self.refused or None,
         }
