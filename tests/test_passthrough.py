@@ -430,3 +430,31 @@ def test_a_passed_through_files_attributes_change_as_a_plain_files(
     finally:
         os.close(fd)
     assert status(mount)["passthrough"]["files"] == 0
+
+
+@pytest.mark.skipif(not PASSES, reason="needs FUSE passthrough (Linux 6.9, CAP_SYS_ADMIN)")
+def test_a_removed_passed_through_file_is_cut_and_grown_in_place(mount: Mount) -> None:
+    """The kernel goes on reading and writing a passed-through file that was removed while
+    open on its backing file: a truncation or an fallocate of it must change that file, not
+    a stage that its reads never see (the model test found the sizes disagreeing)."""
+    d = mount.path / "node_modules"
+    d.mkdir()
+    (d / "a").write_bytes(b"old bytes\n")
+    fd = os.open(d / "a", os.O_RDWR)
+    try:
+        assert opens(mount) >= 1
+        os.unlink(d / "a")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"\x00", 0)
+        st = os.fstat(fd)
+        assert (os.pread(fd, 100, 0), st.st_size, st.st_nlink) == (b"\x00", 1, 0)
+        os.posix_fallocate(fd, 0, 4096)
+        os.pwrite(fd, b"x", 10)
+        st = os.fstat(fd)
+        assert st.st_size == 4096
+        assert os.pread(fd, 8192, 0) == b"\x00" * 10 + b"x" + b"\x00" * 4085
+        os.ftruncate(fd, 11)
+        assert (os.fstat(fd).st_size, os.pread(fd, 100, 0)) == (11, b"\x00" * 10 + b"x")
+    finally:
+        os.close(fd)
+    assert status(mount)["passthrough"]["files"] == 0

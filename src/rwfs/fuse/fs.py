@@ -674,8 +674,10 @@ class Operations(pyfuse3.Operations):
             journaled = False  # cut in place, below
         if fields.update_size:
             # An unlinked file's inode may be linked as a kept object meanwhile (st_nlink
-            # 2 for a moment while the committer moves it): never change it in place.
-            if (journaled or i.unlinked) and stat.S_ISREG(st.st_mode):
+            # 2 for a moment while the committer moves it): never change it in place. A
+            # passed-through one is the exception: the kernel reads and writes its backing
+            # file, and its removal kept nothing (it had passthrough names only).
+            if (journaled or i.unlinked) and not i.direct and stat.S_ISREG(st.st_mode):
                 await self.files.ensure_stage(i, truncate=attr.st_size == 0)
                 assert i.stage is not None
                 size = os.fstat(i.stage.fd).st_size
@@ -1129,7 +1131,8 @@ class Operations(pyfuse3.Operations):
         the change makes the file at least (0: it does not grow it)."""
         # Decided at each change, not at open: a file may have grown past
         # max_journaled_bytes since it was opened.
-        if i.stage is None and not i.unlinked and self._in_place(i):
+        if i.direct or (i.stage is None and not i.unlinked and self._in_place(i)):
+            # (A passed-through file, removed or not: the kernel reads its backing file.)
             self.files.open_backing(i, writable=True)
             return None
         if end > self.ws.policy.max_journaled_bytes and i.paths and not i.unlinked:
