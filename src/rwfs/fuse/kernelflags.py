@@ -159,9 +159,9 @@ def passthrough_ready() -> bool:
 def backing_open(fd: int, ino: int) -> int:
     """Register an open backing file with the kernel: its backing id. OSError when the
     kernel refuses (EPERM: no CAP_SYS_ADMIN; EOPNOTSUPP: no passthrough). Until
-    ``backing_close``, the extension answers inode ``ino``'s ``security.capability``
-    itself, from a descriptor of its own on the file: the kernel asks before each write
-    it passes through."""
+    ``backing_close``, the extension answers inode ``ino``'s ``security.capability`` (the
+    kernel asks before each write it passes through), GETATTR and SETATTR of its mode,
+    owner and times itself, from a descriptor of its own on the file."""
     return int(_fuseopen.backing_open(fd, ino))
 
 
