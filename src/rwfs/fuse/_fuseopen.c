@@ -435,14 +435,23 @@ static struct {
 } direct[DIRECT_SLOTS];
 static unsigned long long direct_answers;
 
-static int direct_slot(uint64_t ino)
+/* In a table of `slots` entries of `size` bytes, each starting with its uint64_t ino, the
+ * first of the `probes` slots from ino % slots on that holds `want` (ino, or 0 for a free
+ * one); -1 if none does. */
+static int probe(const void *table, size_t size, int slots, int probes, uint64_t ino,
+                 uint64_t want)
 {
-    for (int i = 0; i < DIRECT_PROBES; i++) {
-        int k = (int)((ino + (uint64_t)i) % DIRECT_SLOTS);
-        if (direct[k].ino == ino)
+    for (int i = 0; i < probes; i++) {
+        int k = (int)((ino + (uint64_t)i) % (uint64_t)slots);
+        if (*(const uint64_t *)((const char *)table + (size_t)k * size) == want)
             return k;
     }
     return -1;
+}
+
+static int direct_slot(uint64_t ino)
+{
+    return probe(direct, sizeof direct[0], DIRECT_SLOTS, DIRECT_PROBES, ino, ino);
 }
 
 static void direct_drop(uint64_t ino);
@@ -452,16 +461,11 @@ static void direct_add(uint64_t ino, int fd)
     if (ino == 0)
         return;
     direct_drop(ino); /* (never listed twice; a stale entry would answer for another file) */
-    for (int i = 0; i < DIRECT_PROBES; i++) {
-        int k = (int)((ino + (uint64_t)i) % DIRECT_SLOTS);
-        if (direct[k].ino == 0) {
-            int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-            if (own >= 0) {
-                direct[k].ino = ino;
-                direct[k].fd = own;
-            }
-            return;
-        }
+    int k = probe(direct, sizeof direct[0], DIRECT_SLOTS, DIRECT_PROBES, ino, 0);
+    int own = k >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (own >= 0) {
+        direct[k].ino = ino;
+        direct[k].fd = own;
     }
 }
 
@@ -528,12 +532,7 @@ static int (*lf_reply_attr)(fuse_req_t, const struct stat *, double);
 
 static int dir_slot(uint64_t ino)
 {
-    for (int i = 0; i < DIR_PROBES; i++) {
-        int k = (int)((ino + (uint64_t)i) % DIR_SLOTS);
-        if (dirs[k].ino == ino)
-            return k;
-    }
-    return -1;
+    return probe(dirs, sizeof dirs[0], DIR_SLOTS, DIR_PROBES, ino, ino);
 }
 
 static unsigned long long direct_attrs;
@@ -952,16 +951,10 @@ static PyObject *dir_known(PyObject *self, PyObject *args)
     int k = dir_slot(ino);
     if (k >= 0 && dirs[k].dev == (dev_t)dev && dirs[k].bino == (ino_t)bino)
         Py_RETURN_TRUE;
-    if (k < 0) {
-        k = (int)(ino % DIR_SLOTS);
-        for (int i = 0; i < DIR_PROBES; i++) {
-            int j = (int)((ino + (uint64_t)i) % DIR_SLOTS);
-            if (dirs[j].ino == 0) {
-                k = j;
-                break;
-            }
-        }
-    }
+    if (k < 0)
+        k = probe(dirs, sizeof dirs[0], DIR_SLOTS, DIR_PROBES, ino, 0);
+    if (k < 0)
+        k = (int)(ino % DIR_SLOTS); /* (a cache: the first slot gives way) */
     dirs[k].ino = 0;
     dirs[k].fh.handle_bytes = DIR_HANDLE;
     int mount_id;
