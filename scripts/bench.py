@@ -272,9 +272,8 @@ def run(
     """Run a command, output discarded through a pipe (never /dev/null: grep would stop early)."""
     res = subprocess.run(cmd, cwd=cwd, shell=isinstance(cmd, str), capture_output=True, env=env)
     if res.returncode not in ok:
-        raise BenchError(
-            f"{cmd!r} exited {res.returncode}: {res.stderr.decode(errors='replace')[-2000:]}"
-        )
+        said = (res.stderr or res.stdout).decode(errors="replace")[-2000:]  # (pytest: stdout)
+        raise BenchError(f"{cmd!r} exited {res.returncode}: {said}")
 
 
 # ---------------------------------------------------------------------------------------
