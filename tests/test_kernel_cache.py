@@ -79,6 +79,49 @@ def test_undo_of_a_deletion_shows_the_file_again(mount: Mount) -> None:
     assert f.read_text() == "keep me\n"
 
 
+def lookups(m: Mount) -> int:
+    """LOOKUPs answered so far (reading .rw/stats asks a few itself, the same each time)."""
+    stats = json.loads((m.path / ".rw" / "stats").read_text())
+    return int(stats["latency_ms"].get("op.lookup", {}).get("n", 0))
+
+
+def test_an_absent_name_is_asked_once_and_every_way_of_making_it_shows(mount: Mount) -> None:
+    """The kernel keeps a name the tree does not hold (a negative entry): looking again
+    asks rwfs nothing. Every way a name is made then shows it at once: through the mount
+    (the kernel's own requests), and by rwfs itself (a restore, an undo)."""
+    base = -lookups(mount) + lookups(mount)  # what reading the counter itself asks
+    before = lookups(mount)
+    for _ in range(5):
+        assert not (mount.path / "nope.txt").exists()
+    assert lookups(mount) - before - base == 1
+
+    (mount.path / "src.txt").write_text("src\n")
+    makers = {
+        "created": lambda p: p.write_text("new\n"),
+        "made_dir": lambda p: p.mkdir(),
+        "renamed": lambda p: (mount.path / "src.txt").rename(p),
+        "linked": lambda p: os.link(p.with_name("renamed"), p),
+        "symlinked": lambda p: p.symlink_to("renamed"),
+        "fifo": lambda p: os.mkfifo(p),
+    }
+    for name, make in makers.items():
+        p = mount.path / name
+        assert not p.exists() and not p.exists()
+        make(p)
+        assert os.path.lexists(p), name
+
+    # rwfs makes names behind the kernel: a restore brings back a removed directory and
+    # the file in it, both of which the kernel had found absent.
+    d = mount.path / "gone"
+    d.mkdir()
+    (d / "f.py").write_text("x = 1\n")
+    (mount.path / ".rw" / "snapshots" / "s").mkdir()
+    shutil.rmtree(d)
+    assert not (d / "f.py").exists() and not d.exists()
+    ctl(mount, "restore s")
+    assert (d / "f.py").read_text() == "x = 1\n"
+
+
 def test_a_listing_follows_a_change_made_beside_the_mount(tmp_path: Path) -> None:
     """A separate mount point: the workspace can change under rwfs. The kernel asks again
     once the directory's attributes time out (1 s) and its mtime moved."""

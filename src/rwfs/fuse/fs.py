@@ -447,6 +447,17 @@ class Operations(pyfuse3.Operations):
         a.st_ctime_ns = st.st_ctime_ns
         return a
 
+    def _negative(self) -> pyfuse3.EntryAttributes:
+        """A name the tree does not hold, kept by the kernel as long as a name it found
+        (compilers, node and git look for many absent files, again and again). Only the
+        kernel's own requests make a name, or rwfs itself, which drops the kernel's entry
+        then (``tree_changed``, ``drop_entry``); beside a separate mount point the
+        timeout is short, as for every entry (docs/architecture.md, "Kernel caches")."""
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = 0  # (libfuse: a negative entry, kept for entry_timeout)
+        a.entry_timeout = self.timeout
+        return a
+
     def _stat(self, inode: Inode) -> os.stat_result:
         if inode.stage is not None:
             st = os.fstat(inode.stage.fd)
@@ -629,8 +640,11 @@ class Operations(pyfuse3.Operations):
             virtual.lookups += 1
             return self._attr(virtual.ino, self._stat(virtual))
         if path in self.files.hidden:
-            raise pyfuse3.FUSEError(errno.ENOENT)
-        st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+            raise pyfuse3.FUSEError(errno.ENOENT)  # (an open batch's: not kept)
+        try:
+            st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return self._negative()
         inode = self.inodes.resolve(path, st)
         inode.lookups += 1
         return self._attr(inode.ino, self._stat(inode) if inode.stage else st)
