@@ -1,5 +1,6 @@
-"""rwfs benchmark: each workload on a native directory, a bindfs mount, a mount of a
-minimal pyfuse3 passthrough and rwfs mounts (group, strict).
+"""rwfs benchmark: each workload on a native directory, a bindfs mount, a mount of
+libfuse's passthrough_ll example (and of its passthrough_hp where one is given), a mount
+of a minimal pyfuse3 passthrough and rwfs mounts (group, strict).
 
 Run through ``scripts/bench`` (which bootstraps the venv). Every measurement gets a fresh
 temporary directory under /tmp; every rwfs measurement mounts a fresh workspace over itself
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gzip
 import json
 import os
 import random
@@ -32,7 +34,27 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MODES = ("native", "bindfs", "pyfuse3", "group", "strict", "group_nofast")
+MODES = (
+    "native",
+    "bindfs",
+    "libfuse_hp",
+    "libfuse_ll",
+    "pyfuse3",
+    "group",
+    "strict",
+    "group_nofast",
+)
+# libfuse's own passthrough examples, C on the low-level API: passthrough_ll is built each
+# run from the examples libfuse3-dev ships (Debian's have no passthrough_hp.cc);
+# passthrough_hp (C++, libfuse's best passthrough) is used where a binary is given.
+LIBFUSE_MODES = ("libfuse_hp", "libfuse_ll")
+LIBFUSE_EXAMPLES = Path(
+    os.environ.get("RWFS_BENCH_LIBFUSE_EXAMPLES", "/usr/share/doc/libfuse3-dev/examples")
+)
+# passthrough_ll's options: the kernel caches rwfs asks for too, which are passthrough_hp's
+# default (cache=always: entry and attribute timeouts of a day, keep_cache), and xattr
+# calls passed through (off by default: the floor row's getxattr would find ENOSYS).
+LIBFUSE_LL_OPTIONS = "cache=always,xattr"
 # A mode's durability and its mount options: group measures the fast path (-o
 # fastpath=on, not yet the default), group_nofast is group without it.
 RWFS_MOUNTS = {
@@ -81,6 +103,12 @@ def rwfs_mounted(point: str) -> bool:
             if len(parts) > 2 and parts[1] == point and parts[2] == "fuse.rwfs":
                 return True
     return False
+
+
+def in_mounts(point: Path | str) -> bool:
+    """Whether anything is mounted on ``point``, even a FUSE mount whose server died."""
+    with open("/proc/self/mounts") as f:
+        return any(len(p) > 1 and p[1] == str(point) for p in map(str.split, f))
 
 
 class Mount:
@@ -723,6 +751,47 @@ def w_meta(env: Env) -> dict[str, float]:
     return {"meta": t}
 
 
+FSSTRESS_OPS = 2000
+FSSTRESS_PROCS = 4
+FSSTRESS_HOW = (
+    "build xfstests' ltp/ (make configure && ./configure && make -C lib && make -C ltp"
+    " fsstress) and set FSSTRESS=path/to/ltp/fsstress"
+)
+
+
+def fsstress_exe() -> str | None:
+    """xfstests' fsstress: $FSSTRESS, else one on PATH."""
+    given = os.environ.get("FSSTRESS")
+    return shutil.which(given) if given else shutil.which("fsstress")
+
+
+def daemon_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def w_fsstress(env: Env) -> dict[str, float]:
+    """xfstests' fsstress, FSSTRESS_PROCS processes of FSSTRESS_OPS operations each with
+    seed 1, in a directory rwfs journals (no passthrough glob matches fsstress's names).
+    A nonzero exit fails the cell, and so does a daemon or a mount that did not last."""
+    exe = fsstress_exe()
+    if exe is None:
+        raise BenchError(f"no fsstress: {FSSTRESS_HOW}")
+    top = env.dir / "fsstress"
+    top.mkdir()
+    cmd = [exe, "-d", str(top), "-n", str(FSSTRESS_OPS), "-p", str(FSSTRESS_PROCS), "-s", "1"]
+    env.settle()
+    t = timed(lambda: run(cmd))
+    if env.pid is not None and not (daemon_alive(env.pid) and rwfs_mounted(str(env.dir))):
+        raise BenchError(f"the {env.mode} daemon did not survive fsstress")
+    if env.mode != "native" and not os.path.ismount(env.dir):
+        raise BenchError(f"the {env.mode} mount did not survive fsstress")
+    return {"fsstress": t}
+
+
 # git with the default configuration whatever this machine's (no system or global file).
 GIT_ENV = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 _checkout_src: dict[tuple[Path, int], tuple[Path, str]] = {}
@@ -854,30 +923,83 @@ def _getxattr_loop(path: Path) -> float:
     return timed(loop)
 
 
+def build_c(build: Path, source: Path) -> Path | None:
+    """``source`` compiled against libfuse 3 (``cc -O2``) into ``build``, once: the
+    executable, or None (and a log line) when it does not build."""
+    exe = build / source.stem
+    if exe.exists():
+        return exe
+    if not shutil.which("cc"):
+        log(f"{source.name} did not build: no C compiler (cc)")
+        return None
+    try:
+        flags = subprocess.run(
+            ["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True
+        )
+    except FileNotFoundError:
+        log(f"{source.name} did not build: no pkg-config")
+        return None
+    res = subprocess.run(
+        ["cc", "-O2", "-o", str(exe), str(source), *shlex.split(flags.stdout)],
+        capture_output=True,
+        text=True,
+    )
+    if flags.returncode != 0 or res.returncode != 0:
+        log(f"{source.name} did not build: {flags.stderr.strip()} {res.stderr.strip()[-500:]}")
+        return None
+    return exe
+
+
+def passthrough_hp() -> str | None:
+    """A passthrough_hp binary: $RWFS_BENCH_PASSTHROUGH_HP, else one on PATH."""
+    given = os.environ.get("RWFS_BENCH_PASSTHROUGH_HP")
+    return shutil.which(given) if given else shutil.which("passthrough_hp")
+
+
+# Per run (its build directory): a libfuse mode's server, None where it cannot run.
+_libfuse: dict[tuple[str, Path], str | None] = {}
+
+
+def libfuse_server(mode: str, build: Path) -> str | None:
+    """The server of a libfuse mode, built once a run into ``build`` for libfuse_ll; None
+    (logged once) where the examples, a compiler or the binary are missing."""
+    key = (mode, build)
+    if key in _libfuse:
+        return _libfuse[key]
+    exe: str | None = None
+    if mode == "libfuse_hp":
+        exe = passthrough_hp()
+        if exe is None:
+            log("libfuse_hp skipped: no passthrough_hp (set RWFS_BENCH_PASSTHROUGH_HP)")
+    else:
+        names = ("passthrough_ll.c", "passthrough_helpers.h")
+        src = build / "libfuse"
+        src.mkdir(exist_ok=True)
+        for name in names:  # copied beside each other (or unpacked where they are .gz)
+            plain, packed = LIBFUSE_EXAMPLES / name, LIBFUSE_EXAMPLES / f"{name}.gz"
+            if plain.exists():
+                shutil.copyfile(plain, src / name)
+            elif packed.exists():
+                with gzip.open(packed) as f:
+                    (src / name).write_bytes(f.read())
+        if all((src / n).exists() for n in names):
+            built = build_c(build, src / names[0])
+            exe = None if built is None else str(built)
+            if exe is None:
+                log("libfuse_ll skipped: passthrough_ll.c did not build")
+        else:
+            log(f"libfuse_ll skipped: no passthrough_ll.c in {LIBFUSE_EXAMPLES} (libfuse3-dev)")
+    _libfuse[key] = exe
+    return exe
+
+
 def c_floor(build: Path) -> float | None:
     """The same loop against a minimal C libfuse server (scripts/fuse_floor.c) that
     answers each request with nothing else: the round trip any FUSE filesystem pays here.
     None (and a log line) when it cannot be built or mounted."""
-    exe = build / "fuse_floor"
-    if not exe.exists():
-        flags = subprocess.run(
-            ["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True
-        )
-        res = subprocess.run(
-            [
-                "cc",
-                "-O2",
-                "-o",
-                str(exe),
-                str(SCRIPTS / "fuse_floor.c"),
-                *shlex.split(flags.stdout),
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if flags.returncode != 0 or res.returncode != 0:
-            log(f"fuse_floor.c did not build: {flags.stderr.strip()} {res.stderr.strip()}")
-            return None
+    exe = build_c(build, SCRIPTS / "fuse_floor.c")
+    if exe is None:
+        return None
     point = Path(tempfile.mkdtemp(prefix="rwfs-bench-floor-", dir="/tmp"))
     try:
         with fuse_process([str(exe), str(point)], point):
@@ -902,7 +1024,7 @@ def fuse_process(cmd: list[str], point: Path, timeout: float = 30.0) -> Iterator
             time.sleep(0.02)
         yield
     finally:
-        if os.path.ismount(point):
+        if in_mounts(point):  # (a server that died leaves its mount, which stat calls lost)
             if subprocess.run(["fusermount3", "-u", str(point)], capture_output=True).returncode:
                 subprocess.run(["fusermount3", "-u", "-z", str(point)], capture_output=True)
         try:
@@ -1025,6 +1147,17 @@ def workloads(args: argparse.Namespace, tree_desc: str) -> list[Workload]:
             w_meta,
         ),
         Workload(
+            "fsstress",
+            [
+                (
+                    "fsstress",
+                    f"fsstress -n {FSSTRESS_OPS} -p {FSSTRESS_PROCS} -s 1 (xfstests)",
+                    (Target(20.0, ("group",)),),  # issue 31
+                )
+            ],
+            w_fsstress,
+        ),
+        Workload(
             "big",
             [
                 # No bindfs target for the large write; the one to native stays.
@@ -1066,7 +1199,7 @@ def remove_leftovers() -> None:
 @contextmanager
 def measurement_dir(mode: str, logdir: Path, tag: str) -> Iterator[tuple[Path, int | None]]:
     """A fresh directory under /tmp; for rwfs modes, mounted over itself and unmounted
-    after; for bindfs, a bindfs mount of another. Removed by ``remove_leftovers`` at the
+    after; for bindfs, libfuse's passthroughs and pyfuse3, a mount of another. Removed by ``remove_leftovers`` at the
     end of the run."""
     d = Path(tempfile.mkdtemp(prefix=f"rwfs-bench-{tag}-{mode}-", dir="/tmp"))
     mount: Mount | None = None
@@ -1078,6 +1211,19 @@ def measurement_dir(mode: str, logdir: Path, tag: str) -> Iterator[tuple[Path, i
             backing.mkdir()
             _leftovers.append(backing)
             with fuse_process(["bindfs", "-f", str(backing), str(d)], d):
+                yield d, None
+        elif mode in LIBFUSE_MODES:  # libfuse's C passthrough examples, no journaling
+            exe = libfuse_server(mode, logdir)
+            if exe is None:
+                raise BenchError(f"{mode} is not available")  # main() skips it before
+            backing = Path(f"{d}-backing")
+            backing.mkdir()
+            _leftovers.append(backing)
+            if mode == "libfuse_ll":
+                cmd = [exe, "-f", "-o", f"source={backing},{LIBFUSE_LL_OPTIONS}", str(d)]
+            else:
+                cmd = [exe, "--foreground", str(backing), str(d)]
+            with fuse_process(cmd, d):
                 yield d, None
         elif mode == "pyfuse3":  # rwfs's stack, no journaling: the floor of this design
             backing = Path(f"{d}-backing")
@@ -1126,8 +1272,9 @@ def fmt_ratio(r: float | None, targets: tuple[Target, ...], mode: str, base: str
 
 
 # The rwfs modes whose ratios to bindfs and to the pyfuse3 passthrough the table and the
-# JSON give (and the passthrough's own to bindfs).
+# JSON give; the passthroughs (libfuse's and pyfuse3) give theirs to bindfs only.
 RWFS_MODES = ("group", "strict", "group_nofast")
+BINDFS_RATIOS = (*LIBFUSE_MODES, "pyfuse3", *RWFS_MODES)
 
 
 def render_table(rows: list[list[str]], header: list[str]) -> str:
@@ -1162,16 +1309,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only",
         default="",
-        help="comma-separated workloads: floor,extract,extract_pt,tree_pt,find,grep,git,"
-        "checkout,small,small_fsync,rewrite,save,meta,big",
+        help="comma-separated workloads: floor,extract,extract_pt,tree_pt,find,grep,git,\n"
+        "pytest,checkout,small,small_fsync,rewrite,save,meta,fsstress,big (fsstress: where\n"
+        "$FSSTRESS or PATH has xfstests' fsstress, else left out)",
     )
     ap.add_argument(
         "--modes",
         default=",".join(
-            m for m in MODES if (m != "bindfs" or shutil.which("bindfs")) and m != "group_nofast"
+            m
+            for m in MODES
+            if (m != "bindfs" or shutil.which("bindfs"))
+            and (m != "libfuse_hp" or passthrough_hp())
+            and m != "group_nofast"
         ),
-        help="comma-separated of native,bindfs,pyfuse3,group,strict,group_nofast (bindfs: "
-        "when installed; group_nofast: group with -o fastpath=off)",
+        help=f"comma-separated of {','.join(MODES)}\n(bindfs: when installed; libfuse_ll:"
+        " libfuse's passthrough_ll example, built each run, — where it cannot be;\n"
+        "libfuse_hp: its passthrough_hp, where $RWFS_BENCH_PASSTHROUGH_HP or PATH has one;\n"
+        "group_nofast: group with -o fastpath=off)",
     )
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = ap.parse_args(argv)
@@ -1215,6 +1369,9 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 ap.error(f"unknown workloads: {', '.join(sorted(unknown))}")
             wls = [w for w in wls if w.name in wanted]
+        if any(w.name == "fsstress" for w in wls) and fsstress_exe() is None:
+            log(f"fsstress row skipped: no fsstress ($FSSTRESS or PATH); {FSSTRESS_HOW}")
+            wls = [w for w in wls if w.name != "fsstress"]
         for wl in wls:
             if wl.no_tree:
                 remove_leftovers()
@@ -1222,6 +1379,8 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(5)  # untimed: let the removal's freeing and discards finish
             for i in range(args.runs):
                 for mode in modes:
+                    if mode in LIBFUSE_MODES and libfuse_server(mode, root) is None:
+                        continue  # its column shows "—" (logged once)
                     with measurement_dir(mode, root, wl.name) as (d, pid):
                         env = Env(d, mode, pid, args, tarball)
                         out = wl.fn(env)
@@ -1274,9 +1433,7 @@ def main(argv: list[str] | None = None) -> int:
                     "seconds": {m: results.times.get(key, {}).get(m, []) for m in modes},
                     "median": med,
                     "ratio": ratios["native"],
-                    "ratio_bindfs": {
-                        m: ratios["bindfs"][m] for m in modes if m in ("pyfuse3", *RWFS_MODES)
-                    },
+                    "ratio_bindfs": {m: ratios["bindfs"][m] for m in modes if m in BINDFS_RATIOS},
                     "ratio_pyfuse3": {m: ratios["pyfuse3"][m] for m in modes if m in RWFS_MODES},
                     "targets": [
                         {
@@ -1301,7 +1458,7 @@ def main(argv: list[str] | None = None) -> int:
     header = ["workload", "native"]
     for m in others:
         header += [m, f"{m}/nat"]
-    over_bindfs = [m for m in ("pyfuse3", *RWFS_MODES) if m in others] if "bindfs" in others else []
+    over_bindfs = [m for m in BINDFS_RATIOS if m in others] if "bindfs" in others else []
     over_py = [m for m in RWFS_MODES if m in others] if "pyfuse3" in others else []
     header += [f"{m}/bindfs" for m in over_bindfs] + [f"{m}/py" for m in over_py]
     header.append("target")
@@ -1334,6 +1491,8 @@ def main(argv: list[str] | None = None) -> int:
         " filesystem (no journaling) over another directory, the FUSE baseline;\n"
         "       pyfuse3 (m/py) a passthrough on rwfs's own stack (pyfuse3 + trio, no"
         " journaling), the floor of this design;\n"
+        "       libfuse_ll (libfuse_hp) is libfuse's passthrough_ll (passthrough_hp) example,"
+        " C on its low-level API;\n"
         f"       the metadata mix is the wall time of {META_PROCS} processes at once; the"
         " checkout runs in a clone made untimed;\n       targets to bindfs are marked in"
         " the m/bindfs columns, those to native in m/nat."
