@@ -2,7 +2,7 @@
 ``holds_secret``, which the other gates ask before they quote text."""
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,10 +42,15 @@ class _Pattern:
     # An email: run only where the part from the "@" on matches ``domain``, starting at
     # most 256 bytes before the "@" (RFC 5321 allows a local part of 64).
     domain: re.Pattern[bytes] | None = None
+    # How far into a match its needle can begin (``datadog_api_key``: "dog_api" at 4).
+    lead: int = 0
 
 
-def _p(regex: bytes, *needles: bytes, view: str = "raw", domain: bytes = b"") -> _Pattern:
-    return _Pattern(re.compile(regex), needles, view, re.compile(domain) if domain else None)
+def _p(
+    regex: bytes, *needles: bytes, view: str = "raw", domain: bytes = b"", lead: int = 0
+) -> _Pattern:
+    compiled = re.compile(domain) if domain else None
+    return _Pattern(re.compile(regex), needles, view, compiled, lead)
 
 
 # Pattern families and weights (the paper's §3.1). A family's contribution is damped:
@@ -66,6 +71,7 @@ _FAMILIES: dict[str, tuple[float, list[_Pattern]]] = {
                     for c in (b"api", b"app")
                 ),
                 view="lower",
+                lead=4,
             ),
             _p(rb"(?i)\bbearer\s+[A-Za-z0-9._~+/-]{20,}=*", b"bearer", view="lower"),
         ],
@@ -105,6 +111,7 @@ _FAMILIES: dict[str, tuple[float, list[_Pattern]]] = {
                 rb"(?<![\d-])\(?\d{3}\)?[-. ]\d{3}[-. ]\d{4}(?![\d-])",
                 *(b"%c000%c0000" % (a, b) for a in b"-. " for b in b"-. "),
                 view="digits",
+                lead=5,  # "(555) 123-4567": the needle from the space on
             ),
         ],
     ),
@@ -143,16 +150,22 @@ _RANK = {"off": 99, "high": 3, "medium": 2, "low": 1, "safe": 0}
 _CONTROLS = bytes(c for c in range(32) if c < 9 or c > 13)
 
 
-def _matches(p: _Pattern, data: bytes, present: dict[str, set[bytes]]) -> dict[bytes, int]:
+def _matches(
+    p: _Pattern, data: bytes, present: dict[str, set[bytes]], views: dict[str, bytes]
+) -> dict[bytes, int]:
     """Each distinct match of ``p`` and where its first occurrence begins (the value's
-    own group where the pattern has one: an AWS secret after its key name)."""
+    own group where the pattern has one: an AWS secret after its key name). ``present``
+    and ``views``: each view's needles found, and the view, kept for the next pattern."""
     if p.view not in present:
-        present[p.view] = _NEEDLES.present(p.view, _VIEWS[p.view](data))
-    if not any(n in present[p.view] for n in p.needles):
+        seen = _VIEWS[p.view](data)
+        present[p.view] = _NEEDLES.present(p.view, seen)
+        views[p.view] = seen
+    needles = [n for n in p.needles if n in present[p.view]]
+    if not needles:
         return {}
     found: dict[bytes, int] = {}
     if p.domain is None:
-        for m in p.regex.finditer(data):
+        for m in _each_match(p, data, views[p.view], needles):
             found.setdefault(m.group(0), m.start(m.lastindex or 0))
         return found
     done, at = 0, data.find(b"@")
@@ -167,6 +180,34 @@ def _matches(p: _Pattern, data: bytes, present: dict[str, set[bytes]]) -> dict[b
     return found
 
 
+def _each_match(p: _Pattern, data: bytes, view: bytes, needles: list[bytes]) -> Iterator[Any]:
+    """``p.regex.finditer(data)``, tried only where a match can begin: at most ``p.lead``
+    bytes before a needle. A match holds a needle that begins that near its start, so no
+    other place can begin one, and trying each place in order is what finditer does; the
+    bytes between needles (megabytes of a binary file) are never run through the regex."""
+    nxt = {n: view.find(n) for n in needles}
+    pos = 0
+    while nxt:
+        at = min(nxt.values())
+        m = None
+        for x in range(max(pos, at - p.lead), at + 1):
+            m = p.regex.match(data, x)
+            if m is not None:
+                break
+        if m is not None:
+            yield m
+            pos = max(m.end(), m.start() + 1)  # (no pattern matches empty bytes)
+        else:
+            pos = max(pos, at + 1)
+        for n, i in list(nxt.items()):
+            if i < pos:  # (a needle inside the match, or the one just tried)
+                i = view.find(n, pos)
+                if i < 0:
+                    del nxt[n]
+                else:
+                    nxt[n] = i
+
+
 _CONTROL = re.compile(b"[" + re.escape(_CONTROLS) + b"]")
 
 
@@ -179,10 +220,11 @@ def risk(data: bytes) -> dict[str, Any]:
     score = 0.0
     found: dict[str, dict[bytes, int]] = {}
     present: dict[str, set[bytes]] = {}
+    views: dict[str, bytes] = {}
     for family, (weight, patterns) in _FAMILIES.items():
         hits: dict[bytes, int] = {}
         for p in patterns:
-            for m, at in _matches(p, data, present).items():
+            for m, at in _matches(p, data, present, views).items():
                 hits[m] = min(at, hits.get(m, at))
         if hits:
             found[family] = hits
@@ -215,7 +257,8 @@ def holds_secret(text: bytes) -> bool:
     """Whether a short text (a line a gate would quote, a parser's message) holds a match
     of any pattern family: then it is not quoted."""
     present: dict[str, set[bytes]] = {}
-    return any(_matches(p, text, present) for _, ps in _FAMILIES.values() for p in ps)
+    views: dict[str, bytes] = {}
+    return any(_matches(p, text, present, views) for _, ps in _FAMILIES.values() for p in ps)
 
 
 def secrets(new: bytes, cfg: dict[str, Any]) -> Finding | None:
