@@ -174,6 +174,38 @@ def test_unlink_keeps_the_removed_bytes_across_a_crash(workspace: Path) -> None:
     assert (workspace / ".rw" / "objects" / h[:2] / h[2:]).read_bytes() == b"precious\n"
 
 
+def test_a_hard_linked_names_kept_copy_is_checked_after_a_crash(workspace: Path) -> None:
+    """Removing one name of a hard-linked file keeps a copy of its bytes, not synced on
+    the request path: after a daemon crash it is kept as the removal's ``expected``; a
+    copy whose bytes are not what was copied (a crash of the machine cut it short,
+    simulated by changing it) is dropped rather than kept as a version no file held."""
+    (workspace / "f.txt").write_bytes(b"shared bytes\n")
+    for name in ("g.txt", "h.txt"):
+        os.link(workspace / "f.txt", workspace / name)
+    incoming = workspace / ".rw" / "objects" / "incoming"
+    for name, damage in (("g.txt", False), ("h.txt", True)):
+        m = Mount(workspace).start()
+        os.unlink(m.path / name)
+        m.kill()  # before the group committer ran: only the intent log knows
+        (copy,) = [p for p in incoming.iterdir() if "." in p.name]
+        assert copy.name.endswith(sha(b"shared bytes\n").split(":")[1])  # what was copied
+        if damage:
+            copy.chmod(0o600)
+            copy.write_bytes(b"shared b\0\0\0\0\0\n")
+        m = Mount(workspace).start()
+        try:
+            (unlink,) = [e for e in events(m) if e["op"] == "unlink" and e["path"] == name]
+            assert unlink.get("expected") == (None if damage else sha(b"shared bytes\n"))
+            assert not (m.path / name).exists()
+            assert (m.path / "f.txt").read_bytes() == b"shared bytes\n"
+        finally:
+            m.stop()
+        assert list(incoming.iterdir()) == []
+        check_clean(m)
+    damaged = sha(b"shared b\0\0\0\0\0\n").split(":")[1]
+    assert not (workspace / ".rw" / "objects" / damaged[:2] / damaged[2:]).exists()
+
+
 def test_a_chmod_recorded_before_a_crash_is_journaled_after_it(workspace: Path) -> None:
     """A setattr is applied, then recorded in the intent log by one record (no announce
     before it): recovery journals it."""

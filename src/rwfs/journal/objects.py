@@ -14,6 +14,7 @@ import errno
 import fcntl
 import hashlib
 import itertools
+import logging
 import os
 import stat
 import threading
@@ -21,6 +22,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import beneath
+
+log = logging.getLogger("rwfs")
 
 EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
 _CHUNK = 1 << 20
@@ -348,24 +351,32 @@ class ObjectStore:
 
     def adopt_copy(self, dir_fd: int, path: bytes) -> bytes:
         """``adopt`` for a hard-linked file, whose inode its other names go on changing in
-        place: a copy of its bytes goes into ``incoming/`` (blocking: a worker thread)."""
+        place: a copy of its bytes goes into ``incoming/`` (blocking: a worker thread).
+
+        Not synced: the group syncs it before its event is recorded, as it syncs every
+        stage. Its incoming name ends in the digest of the bytes copied, so that a copy
+        a crash of the machine cut short is told apart from the bytes it was to keep
+        (``settle_incoming``)."""
         how = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         src = os.open(path, how, dir_fd=dir_fd)
         name = unique_id().encode()
         try:
             out = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o400, dir_fd=self.incoming_fd)
             try:
-                copy_fd(src, out)
-                os.fsync(out)
+                digest, _ = copy_fd(src, out)
             finally:
                 os.close(out)
         finally:
             os.close(src)
-        return name
+        named = name + b"." + digest.removeprefix("sha256:").encode()
+        os.rename(name, named, src_dir_fd=self.incoming_fd, dst_dir_fd=self.incoming_fd)
+        return named
 
     def settle_incoming(self, name: bytes) -> tuple[str, int] | None:
         """Hash an adopted inode and move it to its digest name; None if it is gone, or
-        not a regular file (never opened: it holds no bytes to keep, and is removed)."""
+        not a regular file (never opened: it holds no bytes to keep, and is removed), or
+        a copy whose bytes are not those it was made with (``adopt_copy``: cut short by a
+        crash of the machine, so they are bytes no file held; removed)."""
         try:
             fd, _ = open_regular(self.incoming_fd, name)
         except FileNotFoundError:
@@ -377,6 +388,14 @@ class ObjectStore:
             digest, size = digest_fd(fd)
         finally:
             os.close(fd)
+        copied = name.rpartition(b".")[2]
+        if b"." in name and "sha256:" + copied.decode() != digest:
+            log.warning(
+                "a kept copy of removed bytes is not what was copied (a crash of the machine"
+                " cut it short): it is dropped, and the removal is journaled without it"
+            )
+            os.unlink(name, dir_fd=self.incoming_fd)
+            return None
         self._place(self.incoming_fd, name, digest, move=True)
         return digest, size
 
