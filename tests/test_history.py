@@ -49,6 +49,32 @@ def test_history_lists_every_version_across_rename_and_delete(mount: Mount) -> N
     assert res.returncode == 0 and "unlink" in res.stdout and "rename" in res.stdout
 
 
+def test_history_lists_no_temporary_of_a_removed_target_after_a_directory_move(
+    mount: Mount,
+) -> None:
+    """tests/test_model_features.py's flake, step by step: rsync-style saves, the
+    target then removed (or replaced, moved and removed), ``d`` renamed away and back."""
+    top = mount.path / "d"
+    top.mkdir()
+    for name, body in (("c.py", "saved\n"), ("a.py", "kept\n")):
+        tmp = top / f".rsync.Q7x9Zk{name}"
+        tmp.write_text(body)
+        os.replace(tmp, top / name)
+    (top / "b.py").write_text("other\n")
+    os.replace(top / "b.py", top / "a.py")
+    os.rename(top / "a.py", mount.path / "moved.py")
+    (mount.path / "moved.py").unlink()
+    (top / "c.py").unlink()
+    os.rename(top, mount.path / "d.moved")
+    os.rename(mount.path / "d.moved", top)
+    hist = mount.path / ".rw" / "history"
+    # Each save's temporary, and a.py and b.py, went on to a path listed with their bytes.
+    assert os.listdir(hist / "d") == ["c.py"]
+    assert sorted(os.listdir(hist)) == ["d", "moved.py"]
+    assert _versions(mount, "d/c.py") == ["saved\n"]
+    assert _versions(mount, "moved.py") == ["kept\n", "other\n"]
+
+
 def test_history_starts_with_the_bytes_before_rwfs(workspace: Path) -> None:
     (workspace / "old.txt").write_text("from before the mount\n")
     m = Mount(workspace).start()

@@ -53,7 +53,7 @@ def digests(h: History, p: str) -> list[str | None]:
     return [v.digest for v in h.versions(p.encode())]
 
 
-def sed_i(store: Store, target: str, tmp: str, old: str, new: str) -> list[int]:
+def sed_i(store: Store, target: str, tmp: str, old: str | None, new: str) -> list[int]:
     """What `sed -i` leaves: a temporary created, written, renamed over the target."""
     return journal(store, create(tmp), write(tmp, EMPTY_DIGEST, new), rename(tmp, target, old, new))
 
@@ -175,6 +175,49 @@ def test_of_a_removed_target_and_its_temporary_only_the_target_is_listed(store: 
     journal(store, unlink("c.py", V1))
     h = History(store)
     assert h.children(b"", listed=True) == {b"c.py"}
+
+
+@pytest.mark.parametrize("gone", ["rm", "mv"])
+@pytest.mark.parametrize("exchange", [False, True])
+def test_a_directory_moved_after_its_target_went_lists_no_temporary(
+    store: Store, exchange: bool, gone: str
+) -> None:
+    """The model test's flake: a save by rename in ``d``, its target removed or moved out
+    of ``d``, then ``d`` renamed away and back (or exchanged with ``e`` and back). The
+    moves take nothing from the removed paths: their rows still say where each file
+    went (the temporary's to the target), and that the target was removed, not renamed
+    away, or where it was renamed to."""
+    sed_i(store, "d/c.py", "d/.rsync.Q7x9Zkc.py", OLD, V1)
+    if gone == "rm":
+        journal(store, unlink("d/c.py", V1))
+    else:
+        journal(store, rename("d/c.py", "f.txt", None, V1))
+    there = "e" if exchange else "d.moved"
+    journal(
+        store,
+        {**rename("d", there, None, None), "exchange": exchange or None},
+        {**rename(there, "d", None, None), "exchange": exchange or None},
+    )
+    h = History(store)
+    assert h.children(b"d", listed=True) == ({b"c.py"} if gone == "rm" else set())
+    assert digests(h, "d/c.py") == [OLD, V1]
+    with h._rows() as r:
+        assert r.row(b"d/.rsync.Q7x9Zkc.py")["w"] == "d/c.py"  # type: ignore[index]
+        assert r.row(b"d/c.py").get("w") == (None if gone == "rm" else "f.txt")  # type: ignore[union-attr]
+
+
+def test_a_temporary_whose_file_moved_on_and_was_removed_is_not_listed(store: Store) -> None:
+    """A save by rename onto ``a.py``, then ``mv b.txt a.py``, ``mv a.py d/c.py`` and
+    ``rm d/c.py``: the temporary's bytes are versions of ``d/c.py`` (its lineage), which
+    is listed."""
+    journal(store, write("b.txt", None, V2))
+    sed_i(store, "a.py", ".rsync.Q7x9Zka.py", None, V1)
+    journal(store, rename("b.txt", "a.py", V1, V2), rename("a.py", "d/c.py", None, V2))
+    journal(store, unlink("d/c.py", V2))
+    h = History(store)
+    assert h.children(b"", listed=True) == {b"d"}
+    assert h.children(b"d", listed=True) == {b"c.py"}
+    assert set(digests(h, "d/c.py")) == {V1, V2}
 
 
 def undo_of(store: Store, batch: str) -> dict[bytes, tuple[str | None, str | None]]:

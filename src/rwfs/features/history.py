@@ -21,13 +21,14 @@ different questions:
 
 ``history/`` lists every path that exists now, and a removed path only if it held bytes
 that are nowhere else (``Rows.listed``): not one whose file was renamed to a name that
-exists, and not one whose every version another path held — one that exists, one a file
-went to that exists, or a removed path that ranks before it (not renamed away, or else its
-name sorts first). A temporary file an editor or ``sed -i`` wrote and renamed over its
-target held nothing but the target's new version, so it is not listed (it can still be
-looked up by name). The empty version a ``create`` gives a new file is not listed once the
-file has other bytes. The rule reads only the rows of the paths below the directory
-listed and of the paths that held their bytes, never the whole index.
+exists or where it was removed since, and not one whose every version another path held —
+one that exists, one a file went to that exists, or a removed path that ranks before it
+(not renamed away, or else its name sorts first). A temporary file an editor or ``sed -i``
+wrote and renamed over its target held nothing but the target's new version, so it is not
+listed (it can still be looked up by name). The empty version a ``create`` gives a new
+file is not listed once the file has other bytes. The rule reads only the rows of the
+paths below the directory listed and of the paths that held their bytes, never the whole
+index.
 
 Each version also carries the file's owner and mode bits while it held those bytes, as far
 as the journal tells them (``write``, ``create``, ``unlink``, ``rename`` and ``setattr``

@@ -309,15 +309,19 @@ class Rows:
     def listed(self, path: bytes, row: dict[str, Any]) -> bool:
         """Does ``history/`` list ``path``? Every path that exists; a removed one only if
         it held bytes that are nowhere else (docs/history.md): not a file renamed to a
-        name that exists, and not one whose every version another path holds — a path that
-        exists, one a file went to that exists, or a removed path that ranks before it
-        (not renamed away, or else its name sorts first)."""
+        name that exists or was removed since (whose versions are this one's too), and not
+        one whose every version another path holds — a path that exists, one a file went
+        to that exists, or a removed path that ranks before it (not renamed away, or else
+        its name sorts first)."""
         last = self.last_of(row)
         if last is None:
             return False
         if last.digest is not None:
             return True
-        if row.get("a") and self._went_on(row):
+        # Where the file went lists this path's versions with its own (``lineage``), or,
+        # removed there and not listed, holds none that a listed path does not. (Not in
+        # ``_kept``: that removed path could then count this one, and neither be listed.)
+        if row.get("a") and self._went_on(row, removed=True):
             return False
         away = bool(row.get("a"))
         for d in {v.digest for v in self.versions(path)}:
@@ -325,8 +329,9 @@ class Rows:
                 return True
         return False
 
-    def _went_on(self, row: dict[str, Any]) -> bool:
-        """Did the file renamed away from this row's path reach a path that exists?"""
+    def _went_on(self, row: dict[str, Any], removed: bool = False) -> bool:
+        """Did the file renamed away from this row's path reach a path that exists (with
+        ``removed``: or one where it was removed, not renamed away again)?"""
         for _ in range(HOPS):
             if not row.get("w"):
                 return False
@@ -335,7 +340,7 @@ class Rows:
             if last is not None and last.digest is not None:
                 return True
             if not (nxt and nxt.get("a")):
-                return False
+                return removed and last is not None
             row = nxt
         return False
 
@@ -519,7 +524,10 @@ class Rows:
         went = {src: d for d, (src, digest) in moves.items() if digest is not None and src != d}
         for d, (src, digest) in moves.items():
             if digest is None:
-                if self.has(d):
+                # A path removed before (below a directory moved) loses nothing now: its
+                # row keeps how it went, a removal or a rename and where to, which the
+                # listing rule reads (the save's temporary, renamed onto its target).
+                if self._now(d) is not None:
                     self._add(d, ev, None)
                     row = self.row(d) or {}
                     row["a"] = 1
