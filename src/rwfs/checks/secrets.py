@@ -180,7 +180,9 @@ def _matches(
     return found
 
 
-def _each_match(p: _Pattern, data: bytes, view: bytes, needles: list[bytes]) -> Iterator[Any]:
+def _each_match(
+    p: _Pattern, data: bytes, view: bytes, needles: list[bytes]
+) -> Iterator[re.Match[bytes]]:
     """``p.regex.finditer(data)``, tried only where a match can begin: at most ``p.lead``
     bytes before a needle. A match holds a needle that begins that near its start, so no
     other place can begin one, and trying each place in order is what finditer does; the
