@@ -424,7 +424,7 @@ def test_risk_prefilters_find_exactly_what_the_patterns_find() -> None:
                 whole: dict[bytes, int] = {}
                 for m in p.regex.finditer(data):
                     whole.setdefault(m.group(0), m.start(m.lastindex or 0))
-                got = gate._matches(p, data, {}, {})
+                got = gate._matches(p, data, {})
                 if p.domain is not None:  # (an email: where it begins is not compared)
                     if all(len(m.split(b"@")[0]) <= 256 for m in whole):  # (gates.md)
                         assert set(got) == set(whole), (p.regex.pattern, data)

@@ -151,21 +151,21 @@ _CONTROLS = bytes(c for c in range(32) if c < 9 or c > 13)
 
 
 def _matches(
-    p: _Pattern, data: bytes, present: dict[str, set[bytes]], views: dict[str, bytes]
+    p: _Pattern, data: bytes, seen: dict[str, tuple[bytes, set[bytes]]]
 ) -> dict[bytes, int]:
     """Each distinct match of ``p`` and where its first occurrence begins (the value's
-    own group where the pattern has one: an AWS secret after its key name). ``present``
-    and ``views``: each view's needles found, and the view, kept for the next pattern."""
-    if p.view not in present:
-        seen = _VIEWS[p.view](data)
-        present[p.view] = _NEEDLES.present(p.view, seen)
-        views[p.view] = seen
-    needles = [n for n in p.needles if n in present[p.view]]
+    own group where the pattern has one: an AWS secret after its key name). ``seen``:
+    each view made so far and the needles found in it, kept for the next pattern."""
+    if p.view not in seen:
+        view = _VIEWS[p.view](data)
+        seen[p.view] = view, _NEEDLES.present(p.view, view)
+    view, present = seen[p.view]
+    needles = [n for n in p.needles if n in present]
     if not needles:
         return {}
     found: dict[bytes, int] = {}
     if p.domain is None:
-        for m in _each_match(p, data, views[p.view], needles):
+        for m in _each_match(p, data, view, needles):
             found.setdefault(m.group(0), m.start(m.lastindex or 0))
         return found
     done, at = 0, data.find(b"@")
@@ -221,12 +221,11 @@ def risk(data: bytes) -> dict[str, Any]:
     """
     score = 0.0
     found: dict[str, dict[bytes, int]] = {}
-    present: dict[str, set[bytes]] = {}
-    views: dict[str, bytes] = {}
+    seen: dict[str, tuple[bytes, set[bytes]]] = {}
     for family, (weight, patterns) in _FAMILIES.items():
         hits: dict[bytes, int] = {}
         for p in patterns:
-            for m, at in _matches(p, data, present, views).items():
+            for m, at in _matches(p, data, seen).items():
                 hits[m] = min(at, hits.get(m, at))
         if hits:
             found[family] = hits
@@ -258,9 +257,8 @@ def risk(data: bytes) -> dict[str, Any]:
 def holds_secret(text: bytes) -> bool:
     """Whether a short text (a line a gate would quote, a parser's message) holds a match
     of any pattern family: then it is not quoted."""
-    present: dict[str, set[bytes]] = {}
-    views: dict[str, bytes] = {}
-    return any(_matches(p, text, present, views) for _, ps in _FAMILIES.values() for p in ps)
+    seen: dict[str, tuple[bytes, set[bytes]]] = {}
+    return any(_matches(p, text, seen) for _, ps in _FAMILIES.values() for p in ps)
 
 
 def secrets(new: bytes, cfg: dict[str, Any]) -> Finding | None:

@@ -388,8 +388,8 @@ class ObjectStore:
             digest, size = digest_fd(fd)
         finally:
             os.close(fd)
-        copied = name.rpartition(b".")[2]
-        if b"." in name and "sha256:" + copied.decode() != digest:
+        _, dot, copied = name.partition(b".")
+        if dot and "sha256:" + copied.decode() != digest:
             log.warning(
                 "a kept copy of removed bytes is not what was copied (a crash of the machine"
                 " cut it short): it is dropped, and the removal is journaled without it"
