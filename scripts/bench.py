@@ -96,19 +96,18 @@ def log(msg: str) -> None:
 # Mounts
 
 
-def rwfs_mounted(point: str) -> bool:
+def in_mounts(point: Path | str, fstype: str | None = None) -> bool:
+    """Whether something (of type ``fstype``, if given) is mounted on ``point``, from the
+    mount table: a FUSE mount whose server died counts too."""
     with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 2 and parts[1] == point and parts[2] == "fuse.rwfs":
+        for parts in map(str.split, f):
+            if len(parts) > 2 and parts[1] == str(point) and fstype in (None, parts[2]):
                 return True
     return False
 
 
-def in_mounts(point: Path | str) -> bool:
-    """Whether anything is mounted on ``point``, even a FUSE mount whose server died."""
-    with open("/proc/self/mounts") as f:
-        return any(len(p) > 1 and p[1] == str(point) for p in map(str.split, f))
+def rwfs_mounted(point: str) -> bool:
+    return in_mounts(point, "fuse.rwfs")
 
 
 class Mount:
