@@ -718,6 +718,34 @@ def test_a_stage_is_copied_from_its_own_descriptor(ws: Any) -> None:
     ws.stages.drop(s)
 
 
+def test_a_trailing_hash_reads_no_further_than_the_writes_reported(tmp_path: Path) -> None:
+    """A write is reported after it reached the file: a block appended but not yet
+    reported is not read, so its report does not void a hash of a file written front to
+    back; a write into bytes already read still does."""
+    from rwfs.journal.objects import TrailingHash
+
+    for overwrite in (False, True):
+        path = tmp_path / f"f{overwrite}"
+        first = os.urandom(1 << 20) * 32
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        os.pwrite(fd, first, 0)
+        t = TrailingHash(fd, len(first))
+        # Appended while the thread still reads the first bytes, and not reported yet.
+        os.pwrite(fd, b"appended" * 1000, len(first))
+        time.sleep(0.5)  # (the thread reads what it may, then waits)
+        t.wrote(len(first), len(first) + 8000)
+        if overwrite:
+            os.pwrite(fd, b"x", 5)
+            t.wrote(5, 6)
+        got = t.finish()
+        data = path.read_bytes()
+        os.close(fd)
+        if overwrite:
+            assert got is None  # the seal hashes the whole file again
+        else:
+            assert got == ("sha256:" + hashlib.sha256(data).hexdigest(), len(data))
+
+
 def test_a_digest_is_cached_only_once_the_files_last_change_is_not_racy(ws: Any) -> None:
     # Two changes in one tick of the kernel's coarse clock leave (size, mtime, ctime) as
     # they were: a digest cached then would vouch for bytes the file no longer holds.

@@ -75,9 +75,10 @@ class Stage:
                 self.trail.stop()
             self.trail, self.limit = None, -1  # (-1: never again)
         elif self.trail is not None:
-            self.trail.wrote(off)
+            self.trail.wrote(off, end)
         elif end >= TRAIL_FROM and self.limit >= 0:
-            self.trail = TrailingHash(self.fd)
+            # (every byte in it now was reported: writes reach a stage on the loop's thread)
+            self.trail = TrailingHash(self.fd, max(end, os.fstat(self.fd).st_size))
 
 
 class Stages:

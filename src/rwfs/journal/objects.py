@@ -139,23 +139,31 @@ class TrailingHash:
     ``wrote()``, with no thread hop. A write into bytes already read (or being read), or
     a truncation below them, voids the hash; ``finish()`` then returns None and the seal
     hashes the whole file as usual.
+
+    ``wrote()`` comes after its write, so the thread reads no further than the bytes
+    reported so far (``reported``: the file's size when the hash began, then the end of
+    each write told of): otherwise it could read an appended block before its report,
+    which would then void the hash of a file written strictly front to back.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, reported: int) -> None:
         self._fd = os.dup(fd)
         self._h = hashlib.sha256()
         self._pos = 0  # bytes hashed
         self._reading = 0  # end of the bytes hashed or being read
+        self._reported = reported  # the thread reads no further
         self._void = False
         self._done = False
         self._more = threading.Event()
         self._stopped = threading.Event()
         threading.Thread(target=self._run, name="rwfs-hash", daemon=True).start()
 
-    def wrote(self, off: int) -> None:
-        """Called after a write (or a truncation) that changed bytes from ``off`` on."""
+    def wrote(self, off: int, end: int) -> None:
+        """Called after a write (or a truncation) that changed bytes from ``off`` to
+        ``end``."""
         if off < self._reading:
             self._void = True
+        self._reported = max(self._reported, end)
         self._more.set()
 
     def stop(self) -> None:
@@ -175,7 +183,7 @@ class TrailingHash:
         try:
             while not self._void:
                 self._more.clear()  # before looking: a write after this wakes the wait
-                size = os.fstat(self._fd).st_size
+                size = min(os.fstat(self._fd).st_size, self._reported)
                 if self._pos < size:
                     n = min(_CHUNK, size - self._pos)
                     self._reading = self._pos + n  # before the read: see wrote()
