@@ -190,6 +190,47 @@ def test_an_open_passed_through_file_never_gets_a_journaled_name(mount: Mount) -
 
 
 @pytest.mark.skipif(not PASSES, reason="needs FUSE passthrough (Linux 6.9, CAP_SYS_ADMIN)")
+def test_a_passed_through_close_is_answered_in_c_and_seen_by_every_decision(
+    mount: Mount,
+) -> None:
+    """A passed-through handle's RELEASE never reaches Python's request path; the next
+    request, or decision about the file, sees it let go: a rename to a journaled name
+    right after the close is no EBUSY, the backing ids and descriptors go, and the kernel's
+    forgetting drops the inodes."""
+    d = mount.path / "node_modules" / "pkg"
+    d.mkdir(parents=True)
+    (d / "warm").write_bytes(b"w")  # (the first request counters exist)
+    s0 = status(mount)
+    before = requests(mount, "release"), s0["passthrough"]["release_answers"], s0["open_handles"]
+    for k in range(40):
+        with open(d / f"f{k}.js", "wb") as f:
+            f.write(b"module.exports = %d;\n" % k)
+        with open(d / f"f{k}.js", "rb") as f:  # a read-only open, passed through too
+            assert f.read() == b"module.exports = %d;\n" % k
+    s1 = status(mount)
+    # Python answered none of the 80: two are the .rw/ reads' own (status, stats)
+    assert requests(mount, "release") - before[0] <= 2
+    assert s1["passthrough"]["release_answers"] - before[1] == 80
+    assert s1["open_handles"] == before[2]
+    assert s1["passthrough"]["files"] == 0  # every backing id let go
+    # Closed just now, journaled at once (the close's release was taken first).
+    for k in range(40):
+        fd = os.open(d / f"g{k}", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, b"moved %d\n" % k)
+        os.close(fd)
+        os.rename(d / f"g{k}", mount.path / f"g{k}.txt")
+    assert all((mount.path / f"g{k}.txt").read_bytes() == b"moved %d\n" % k for k in range(40))
+    assert len(os.listdir(mount.path / ".rw" / "history" / "g7.txt")) >= 1
+    # The kernel forgets what it no longer caches: each inode is dropped, none is held
+    # by a handle Python was never told of.
+    for name in os.listdir(d):
+        os.unlink(d / name)
+    inodes = status(mount)["inodes"]
+    Path("/proc/sys/vm/drop_caches").write_text("2\n")
+    assert status(mount)["inodes"] < inodes - 40
+
+
+@pytest.mark.skipif(not PASSES, reason="needs FUSE passthrough (Linux 6.9, CAP_SYS_ADMIN)")
 def test_a_removed_file_stays_readable_and_syncable_through_its_open(mount: Mount) -> None:
     g = mount.path / ".git"
     g.mkdir()

@@ -68,6 +68,7 @@ def journaled_name(
     opens; None if none would. ``dst`` None: the names stay, and ``journaled`` (a new
     policy's) says which are journaled."""
     journaled = journaled or files.journaled
+    files.let_go()  # (a release already answered must not refuse this)
     for inode in files.passed.values():
         for p in inode.paths:
             new = p

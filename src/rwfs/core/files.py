@@ -177,6 +177,10 @@ class Files:
         self.virtual: dict[bytes, Inode] = {}
         self.hidden: set[bytes] = set()  # paths an open batch deletes: gone from the view
         self.passed: dict[int, Inode] = {}  # by serial: files with direct opens (direct.py)
+        # The FUSE layer's: let go of the direct opens whose release the kernel sent and
+        # the C extension answered, queued until now (called before any decision that
+        # counts direct opens).
+        self.let_go: Callable[[], None] = lambda: None
         # Files removed (their bytes kept as objects) since the disk last filled up.
         self.removals = 0
         # A write went through at its commit point (path, intended, its commit; None for a

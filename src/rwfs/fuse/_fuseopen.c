@@ -55,6 +55,10 @@
  *   know the flag), and puts FOPEN_PASSTHROUGH and a backing id into an OPEN or CREATE
  *   reply whose handle rwfs marked PASSTHROUGH: the kernel then reads, writes and maps
  *   that open file on the backing file itself, with no request to the daemon.
+ *   Such a handle's RELEASE is answered here too (release_w): rwfs decides nothing at
+ *   it (no stage, nothing to commit), so the handle number is only queued, and Python
+ *   takes the queue (released()) before it handles its next request or decides about a
+ *   passed-through file.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -130,6 +134,30 @@ static int32_t pt_take(uint64_t fh)
     return -1;
 }
 
+/* Handles the kernel was told to pass through (their OPEN or CREATE reply carried a
+ * backing id), until their RELEASE: open addressing from fh % PT_HANDLES, PT_PROBES slots
+ * tried; a handle that finds none is released in Python. Handle numbers are never reused
+ * (Operations._next_fh). Then the released ones, in order, until Python takes them
+ * (released()). Only the loop's thread uses both. */
+#define PT_HANDLES 16384
+#define PT_PROBES 16
+static struct {
+    uint64_t fh; /* 0: a free slot */
+} pt_handles[PT_HANDLES];
+#define LET_GO_MAX 4096
+static uint64_t let_go[LET_GO_MAX];
+static int let_go_n;
+static unsigned long long release_answers;
+
+static int pt_handle_slot(uint64_t fh, uint64_t want);
+
+static void pt_handle_add(uint64_t fh)
+{
+    int k = fh != 0 ? pt_handle_slot(fh, 0) : -1;
+    if (k >= 0)
+        pt_handles[k].fh = fh;
+}
+
 /* fi without rwfs's marks, the open_out to patch set when it was marked PASSTHROUGH. */
 static void unmark(struct fuse_file_info *copy, struct open_out *patch)
 {
@@ -201,6 +229,7 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
     const int32_t error = count >= 2 ? *(int32_t *)((char *)iov[0].iov_base + 4) : -1;
     uint32_t init[16];
     struct iovec patched[2];
+    uint64_t passed = 0;
     if (init_unique != 0 && unique == init_unique && error == 0 && count == 2 &&
         iov[1].iov_len == sizeof(init)) {
         init_unique = 0;
@@ -225,10 +254,14 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
             out->open_flags |= pt_patch->open_flags;
             out->backing_id = pt_patch->backing_id;
             pt_opens++;
+            passed = out->fh;
         }
         pt_patch = NULL;
     }
-    return writev(fd, iov, count);
+    ssize_t res = writev(fd, iov, count);
+    if (res >= 0 && passed != 0) /* (a reply to a request the kernel gave up on fails) */
+        pt_handle_add(passed);
+    return res;
 }
 
 static ssize_t io_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout, size_t len,
@@ -479,6 +512,27 @@ static void direct_drop(uint64_t ino)
     }
 }
 
+static int pt_handle_slot(uint64_t fh, uint64_t want)
+{
+    return probe(pt_handles, sizeof pt_handles[0], PT_HANDLES, PT_PROBES, fh, want);
+}
+
+/* A passed-through handle's RELEASE: queued for Python, answered now. Any other, or one
+ * the queue has no room for, is Python's as before. */
+static void release_w(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    int k = fi != NULL && fi->fh != 0 && let_go_n < LET_GO_MAX ? pt_handle_slot(fi->fh, fi->fh)
+                                                                : -1;
+    if (k < 0) {
+        inner.release(req, ino, fi);
+        return;
+    }
+    pt_handles[k].fh = 0;
+    let_go[let_go_n++] = fi->fh;
+    release_answers++;
+    lf_reply_err(req, 0);
+}
+
 static void getxattr_w(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
     int fd = -1;
@@ -718,6 +772,8 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
         ops.flush = flush_w;
     if (ops.fsync != NULL)
         ops.fsync = fsync_w;
+    if (ops.release != NULL)
+        ops.release = release_w;
     ops.fallocate = fallocate_w;
     ops.lseek = lseek_w;
     wrapped = 1;
@@ -987,6 +1043,30 @@ static PyObject *passthrough_count(PyObject *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(pt_opens);
 }
 
+static PyObject *released(PyObject *self, PyObject *unused)
+{
+    if (let_go_n == 0)
+        return PyTuple_New(0);
+    PyObject *out = PyTuple_New(let_go_n);
+    if (out == NULL)
+        return NULL;
+    for (int i = 0; i < let_go_n; i++) {
+        PyObject *fh = PyLong_FromUnsignedLongLong(let_go[i]);
+        if (fh == NULL) {
+            Py_DECREF(out);
+            return NULL; /* (the queue stays: taken again next time) */
+        }
+        PyTuple_SET_ITEM(out, i, fh);
+    }
+    let_go_n = 0;
+    return out;
+}
+
+static PyObject *release_count(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(release_answers);
+}
+
 static PyMethodDef methods[] = {
     {"want_passthrough", want_passthrough, METH_O,
      "Before the mount: offer the kernel FUSE passthrough at INIT, where it can."},
@@ -1013,6 +1093,10 @@ static PyMethodDef methods[] = {
      "passthrough(fh, id): the OPEN or CREATE reply of this handle is in passthrough."},
     {"passthrough_opens", passthrough_count, METH_NOARGS,
      "How many opens the kernel was told to pass through."},
+    {"released", released, METH_NOARGS,
+     "The passed-through handles released here since the last call, in order (a tuple)."},
+    {"release_answers", release_count, METH_NOARGS,
+     "How many RELEASEs of passed-through handles were answered here."},
     {"serve", serve, METH_O,
      "serve(fn): fn(token, op, ino, fh, *args) gets each fallocate and lseek request."},
     {"reply_err", reply_err, METH_VARARGS, "reply_err(token, errno): answer (0: success)."},

@@ -72,6 +72,7 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
         async def handler(self: Operations, *args: Any) -> Any:
             started = self._last_request = time.perf_counter()
             holder = _HOLDER.set(None)  # (a request task handles one request after another)
+            self._let_go()  # (every request sees the releases answered before it in C)
             try:
                 return await fn(self, *args)
             except pyfuse3.FUSEError:
@@ -370,6 +371,7 @@ class Operations(pyfuse3.Operations):
             self.files, info.get("fastpath", False) and not self._file_noatime
         )
         self.control.live["passthrough"] = self.passthrough.counts
+        self.files.let_go = self._let_go
         self.control.keep_passthrough = lambda journaled: direct.keep_passthrough_names(
             self.files, b"", None, "policy change", journaled=journaled
         )
@@ -1277,6 +1279,21 @@ class Operations(pyfuse3.Operations):
             h.dirty = h.truncated = False
             _HOLDER.set(self._holder(h))
             await self.files.commit(h.inode, h.info)
+
+    def _let_go(self) -> None:
+        """Let go of the passed-through handles whose RELEASE the C extension answered
+        (kernelflags.released), as ``release`` would: such a file has no stage and
+        nothing queued (direct.py), so there is nothing to commit."""
+        for fh in kernelflags.released():
+            h = self.handles.pop(fh, None)
+            if not isinstance(h, Handle):
+                continue
+            i = h.inode
+            i.handles -= 1
+            self.passthrough.release(i)
+            if i.stage is not None and not i.stage.sealed:  # (never: _to_change, setattr)
+                log.warning("a passed-through file had an open stage: %r", sorted(i.paths))
+            self.files.release_fd(i)
 
     @_guard(quiet=True)
     async def release(self, fh: int) -> None:

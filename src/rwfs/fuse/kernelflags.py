@@ -21,7 +21,8 @@
   privileges allow it (``passthrough_ready()``), an open answered with a handle marked
   ``PASSTHROUGH`` and given a backing id (``backing_open``, ``passthrough``) is read,
   written and mapped by the kernel on the backing file itself (FUSE passthrough, Linux
-  6.9): no READ or WRITE request reaches rwfs for it.
+  6.9): no READ or WRITE request reaches rwfs for it. Its RELEASE is answered by the
+  extension too, and the handle number queued: ``released()`` takes the queue.
 
 When the extension is missing or pyfuse3 was loaded first, none of this happens and the
 kernel caches less. ``handle()`` strips marks from a handle number, should one ever come
@@ -213,3 +214,14 @@ def passthrough(fh: int, backing_id: int) -> int:
 def passthrough_opens() -> int:
     """How many opens the kernel was told to pass through so far."""
     return int(_fuseopen.passthrough_opens()) if ACTIVE else 0
+
+
+def released() -> tuple[int, ...]:
+    """The passed-through handles whose RELEASE the extension answered since the last
+    call, in order: rwfs must let each go as ``Operations.release`` would have."""
+    return _fuseopen.released() if ACTIVE else ()  # type: ignore[no-any-return]
+
+
+def release_answers() -> int:
+    """How many RELEASEs of passed-through handles the extension answered."""
+    return int(_fuseopen.release_answers()) if ACTIVE else 0

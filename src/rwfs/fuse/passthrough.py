@@ -84,5 +84,6 @@ class Passthrough:
             "files": len(self._ids),
             "capability_answers": kernelflags.direct_answers(),
             "attr_answers": kernelflags.direct_attrs(),
+            "release_answers": kernelflags.release_answers(),
             "refused": self.refused or None,
         }
