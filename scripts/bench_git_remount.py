@@ -7,9 +7,11 @@ pyfuse3 passthrough, rwfs's group and strict mounts), a git work tree of N files
 `git commit` and `git status` write the index with the stat data the mount shows. Then
 the tree is unmounted and mounted again, and `git status` is timed twice: the first after
 the remount (the kernel's caches are cold, and git re-reads every file whose recorded stat
-data no longer matches), then a warm one. Then, first after another remount, the stat of
-every file (`find -printf %i`: the lookups alone). On rwfs, also a warm `git status` of
-the raw tree once unmounted.
+data no longer matches), then a warm one. Then, each first after another remount, an
+`lstat` of every file by its path in the index's order (the lookups alone: what git's
+index refresh asks of the mount) and `find -printf %i` (directory listings alone: find
+takes %i from readdir and stats nothing). On rwfs, also a warm `git status` of the raw
+tree once unmounted.
 
 native has no mount: its "remount" is `sync` and `echo 2 > /proc/sys/vm/drop_caches`,
 which empties the kernel's dentry and inode caches (root only). A FUSE remount empties
@@ -199,7 +201,13 @@ def measure(mode: str, n: int, root: Path, build: Path, drop: bool) -> dict[str,
         out["first"] = git(point, "status")
         out["warm"] = git(point, "status")
     out["index_rewritten"] = float(index.stat().st_mtime_ns != before)
+    paths = sorted(str(f.relative_to(tree)) for f in tree.glob("d*/f*.txt"))
     with mounted(mode, tree, point, build, drop):  # the lookups alone, first after a remount
+        t = time.perf_counter()
+        for rel in paths:
+            os.lstat(point / rel)
+        out["stat"] = time.perf_counter() - t
+    with mounted(mode, tree, point, build, drop):  # the listings alone, first after a remount
         t = time.perf_counter()
         run(["find", ".", "-printf", "%i\\n"], cwd=point)
         out["find"] = time.perf_counter() - t
@@ -234,6 +242,7 @@ def table(med: dict[str, dict[str, float]], modes: list[str]) -> str:
                 fmt(first),
                 fmt(m["warm"]),
                 fmt(ratio(first, m["warm"]), "×"),
+                fmt(m["stat"]),
                 fmt(m["find"]),
                 fmt(ratio(first, bindfs), "×"),
                 fmt(ratio(first, ll), "×"),
@@ -245,6 +254,7 @@ def table(med: dict[str, dict[str, float]], modes: list[str]) -> str:
         "first status",
         "warm status",
         "first/warm",
+        "lstat, first",
         "find, first",
         "first/bindfs",
         "first/libfuse_ll",
@@ -319,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rwfs ({mode}):")
             print(f"git status, first after a remount: {m['first']:.3f} s")
             print(f"git status, warm:                  {m['warm']:.3f} s")
+            print(f"lstat of every file, first after a remount: {m['stat']:.3f} s")
             print(f"find -printf %i, first after a remount: {m['find']:.3f} s")
             print(f"git status, native (warm):         {m['raw_warm']:.3f} s")
     how = "every mode's mounts" if args.drop_caches else "native's"
