@@ -1195,6 +1195,27 @@ def remove_leftovers() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+# The modes that mount a passthrough server (no journaling) over another directory.
+PASSTHROUGH_MODES = ("bindfs", *LIBFUSE_MODES, "pyfuse3")
+
+
+def server_cmd(mode: str, backing: Path, point: Path, build: Path) -> list[str]:
+    """The command that serves ``backing`` at ``point`` in the foreground, in one of the
+    PASSTHROUGH_MODES; a libfuse mode's server is built into ``build`` (once a run)."""
+    if mode == "bindfs":  # a C passthrough: the FUSE baseline
+        return ["bindfs", "-f", str(backing), str(point)]
+    if mode in LIBFUSE_MODES:  # libfuse's C passthrough examples
+        exe = libfuse_server(mode, build)
+        if exe is None:
+            raise BenchError(f"{mode} is not available")  # main() skips it before
+        if mode == "libfuse_ll":
+            return [exe, "-f", "-o", f"source={backing},{LIBFUSE_LL_OPTIONS}", str(point)]
+        return [exe, "--foreground", str(backing), str(point)]
+    if mode == "pyfuse3":  # rwfs's stack: the floor of this design
+        return [sys.executable, str(SCRIPTS / "pyfuse3_passthrough.py"), str(backing), str(point)]
+    raise ValueError(f"not a passthrough mode: {mode}")
+
+
 @contextmanager
 def measurement_dir(mode: str, logdir: Path, tag: str) -> Iterator[tuple[Path, int | None]]:
     """A fresh directory under /tmp; for rwfs modes, mounted over itself and unmounted
@@ -1205,31 +1226,11 @@ def measurement_dir(mode: str, logdir: Path, tag: str) -> Iterator[tuple[Path, i
     try:
         if mode == "native":
             yield d, None
-        elif mode == "bindfs":  # a C passthrough, no journaling: the FUSE baseline
+        elif mode in PASSTHROUGH_MODES:
             backing = Path(f"{d}-backing")
             backing.mkdir()
             _leftovers.append(backing)
-            with fuse_process(["bindfs", "-f", str(backing), str(d)], d):
-                yield d, None
-        elif mode in LIBFUSE_MODES:  # libfuse's C passthrough examples, no journaling
-            exe = libfuse_server(mode, logdir)
-            if exe is None:
-                raise BenchError(f"{mode} is not available")  # main() skips it before
-            backing = Path(f"{d}-backing")
-            backing.mkdir()
-            _leftovers.append(backing)
-            if mode == "libfuse_ll":
-                cmd = [exe, "-f", "-o", f"source={backing},{LIBFUSE_LL_OPTIONS}", str(d)]
-            else:
-                cmd = [exe, "--foreground", str(backing), str(d)]
-            with fuse_process(cmd, d):
-                yield d, None
-        elif mode == "pyfuse3":  # rwfs's stack, no journaling: the floor of this design
-            backing = Path(f"{d}-backing")
-            backing.mkdir()
-            _leftovers.append(backing)
-            cmd = [sys.executable, str(SCRIPTS / "pyfuse3_passthrough.py"), str(backing), str(d)]
-            with fuse_process(cmd, d):
+            with fuse_process(server_cmd(mode, backing, d, logdir), d):
                 yield d, None
         else:
             durability, options = RWFS_MOUNTS[mode]

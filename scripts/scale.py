@@ -36,10 +36,8 @@ import sys
 import tempfile
 import threading
 import time
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
@@ -573,27 +571,18 @@ def table(sizes: list[int], results: dict[int, dict[str, float]], snapshots: int
 
 
 def git_remount(files: int, tmp: Path) -> str:
-    """scripts/bench_git_remount.py's measurement at ``files`` files, in this process: its
-    commands given a timeout, its temporary directory made inside ours."""
+    """scripts/bench_git_remount.py's measurement of rwfs (group) at ``files`` files, in
+    this process: each command given our timeout, its temporary directory made in ours."""
     import bench_git_remount as g
 
-    real_run = subprocess.run
-
-    def run_with_timeout(*a: Any, **kw: Any) -> Any:
-        kw.setdefault("timeout", TIMEOUT)
-        kw.setdefault("stdout", subprocess.DEVNULL)  # (rwfs mount's line: not the table's)
-        return real_run(*a, **kw)
-
-    shim = types.SimpleNamespace(run=run_with_timeout, DEVNULL=subprocess.DEVNULL)
-    g.subprocess = shim  # type: ignore[assignment]
     out = io.StringIO()
-    saved_argv, saved_tmp = sys.argv, tempfile.tempdir
-    sys.argv, tempfile.tempdir = ["bench_git_remount.py", str(files)], str(tmp)
+    saved_tmp = tempfile.tempdir
+    tempfile.tempdir = str(tmp)
     try:
         with contextlib.redirect_stdout(out):
-            g.main()
+            g.main([str(files), "--modes", "group", "--timeout", str(TIMEOUT)])
     finally:
-        sys.argv, tempfile.tempdir = saved_argv, saved_tmp
+        tempfile.tempdir = saved_tmp
     return out.getvalue()
 
 
