@@ -72,8 +72,8 @@ def _guard(quiet: bool = False) -> Callable[[F], F]:
         async def handler(self: Operations, *args: Any) -> Any:
             started = self._last_request = time.perf_counter()
             holder = _HOLDER.set(None)  # (a request task handles one request after another)
-            self._let_go()  # (every request sees the releases answered before it in C)
             try:
+                self._let_go()  # (every request sees the releases answered before it in C)
                 return await fn(self, *args)
             except pyfuse3.FUSEError:
                 if quiet:
@@ -1293,7 +1293,10 @@ class Operations(pyfuse3.Operations):
             self.passthrough.release(i)
             if i.stage is not None and not i.stage.sealed:  # (never: _to_change, setattr)
                 log.warning("a passed-through file had an open stage: %r", sorted(i.paths))
-            self.files.release_fd(i)
+            try:
+                self.files.release_fd(i)
+            except OSError as exc:  # (as release's: the next handles are let go all the same)
+                log.info("releasing %r: %s", sorted(i.paths), exc)
 
     @_guard(quiet=True)
     async def release(self, fh: int) -> None:
