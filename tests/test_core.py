@@ -744,6 +744,13 @@ def test_a_trailing_hash_reads_no_further_than_the_writes_reported(tmp_path: Pat
             assert got is None  # the seal hashes the whole file again
         else:
             assert got == ("sha256:" + hashlib.sha256(data).hexdigest(), len(data))
+    # A write never reported: never the digest of a prefix.
+    fd = os.open(tmp_path / "unreported", os.O_RDWR | os.O_CREAT, 0o644)
+    os.pwrite(fd, b"a" * 4096, 0)
+    t = TrailingHash(fd, 4096)
+    os.pwrite(fd, b"b" * 4096, 4096)
+    assert t.finish() is None
+    os.close(fd)
 
 
 def test_a_digest_is_cached_only_once_the_files_last_change_is_not_racy(ws: Any) -> None:

@@ -191,6 +191,8 @@ class TrailingHash:
                     self._h.update(buf)
                     self._pos += len(buf)
                 elif self._done:
+                    # (a write never reported would leave a prefix hashed: not the file's)
+                    self._void = self._pos != os.fstat(self._fd).st_size
                     return
                 else:
                     self._more.wait()
