@@ -39,6 +39,11 @@ OUR_OPTIONS = {"show_control"}
 # priority the woken client takes the CPU from the daemon in the middle of its reply
 # (docs/performance.md: a third of the metadata mix's time on two cores).
 NICE = -10
+# How long a worker thread holds the GIL before Python makes it give way (the default is
+# 5 ms). Every system call of the event loop's thread lets the GIL go, and while a group
+# commit or a gate runs Python in a worker thread, taking it back waited up to that long,
+# with every request behind it (docs/performance.md, "The GIL's switch interval").
+SWITCH_INTERVAL = 0.0005
 # Access-time options (mount(8)). The times the mount shows are its backing files', so
 # rwfs keeps these itself rather than the kernel: noatime (also given to the kernel, for
 # /proc/mounts) and nodiratime keep the daemon's own reads from moving them (fs.py); a
@@ -279,6 +284,7 @@ def serve(
     if said:  # (what libfuse said on a mount that worked: for its log)
         print(said, file=sys.stderr, flush=True)
     info["nice"] = _set_nice(nice)  # before trio's worker threads: they inherit it
+    sys.setswitchinterval(SWITCH_INTERVAL)
     if ready_fd is not None:
         os.write(ready_fd, b"ok\n")
         os.close(ready_fd)
