@@ -1288,15 +1288,22 @@ class Operations(pyfuse3.Operations):
             h = self.handles.pop(fh, None)
             if not isinstance(h, Handle):
                 continue
-            i = h.inode
-            i.handles -= 1
-            self.passthrough.release(i)
+            i = self._let_handle_go(fh, h)
             if i.stage is not None and not i.stage.sealed:  # (never: _to_change, setattr)
                 log.warning("a passed-through file had an open stage: %r", sorted(i.paths))
             try:
                 self.files.release_fd(i)
             except OSError as exc:  # (as release's: the next handles are let go all the same)
                 log.info("releasing %r: %s", sorted(i.paths), exc)
+
+    def _let_handle_go(self, fh: int, h: Handle) -> Inode:
+        """A released handle no longer counts among its inode's opens."""
+        kernelflags.fast_writes_end(fh)
+        i = h.inode
+        i.handles -= 1
+        if h.direct:
+            self.passthrough.release(i)
+        return i
 
     @_guard(quiet=True)
     async def release(self, fh: int) -> None:
@@ -1309,11 +1316,7 @@ class Operations(pyfuse3.Operations):
                 self._control_open.pop(h.node.ino, None)
         if not isinstance(h, Handle):
             return
-        kernelflags.fast_writes_end(fh)
-        i = h.inode
-        i.handles -= 1
-        if h.direct:
-            self.passthrough.release(i)
+        i = self._let_handle_go(fh, h)
         if i.handles == 0 and i.stage is not None and not i.stage.sealed:
             # The last reference: commit what no flush did (e.g. a truncation alone).
             try:
