@@ -595,6 +595,35 @@ def test_abort_shows_a_deleted_name_again_in_a_listing_cached_empty(tmp_path: Pa
         assert listed.stdout.split() == [".", "..", "c.py"]
 
 
+@pytest.mark.parametrize("script", ["s/x/X/", "s/one/two/"], ids=["same bytes", "new bytes"])
+def test_a_save_by_rename_onto_one_name_of_a_linked_file_gives_it_a_file_of_its_own(
+    tmp_path: Path, script: str
+) -> None:
+    """``sed -i`` in a batch on one name of a hard-linked file: once the batch commits,
+    the name is a file of its own, as rename(2) makes it, even when sed changed no byte
+    (the draft's bytes are the tree's: once, the commit counted that as landed and left
+    the names one file, so a later write through one changed the other). The other
+    name's file gets no link from the object store either (its st_nlink stays true)."""
+    with batch_mount(tmp_path, {}) as m:
+        (m.path / "a.txt").write_bytes(b"one\n")  # (journaled: its bytes are an object)
+        os.link(m.path / "a.txt", m.path / "b.txt")
+        os.mkdir(m.path / ".rw" / "batches" / "b")
+        ok(m.path, f"sed -i {script} a.txt")
+        assert ctl(m, "b", "commit") == 0
+        want = b"one\n" if script == "s/x/X/" else b"two\n"
+        assert files_of(m.workspace) == {"a.txt": want, "b.txt": b"one\n"}
+        for top in (m.workspace, m.path):
+            a, b = os.stat(top / "a.txt"), os.stat(top / "b.txt")
+            assert a.st_ino != b.st_ino, top
+            assert (a.st_nlink, b.st_nlink) == (1, 1), top
+        with open(m.path / "a.txt", "ab") as f:
+            f.write(b"more\n")
+            f.flush()
+            os.fsync(f.fileno())  # (in the tree once fsync returns)
+        assert files_of(m.path) == {"a.txt": want + b"more\n", "b.txt": b"one\n"}
+        assert files_of(m.workspace) == {"a.txt": want + b"more\n", "b.txt": b"one\n"}
+
+
 def test_a_save_by_rename_onto_one_name_of_a_linked_draft_leaves_the_other_the_draft(
     tmp_path: Path,
 ) -> None:

@@ -706,6 +706,36 @@ def test_crash_in_batch_commit_then_resume(workspace: Path, fault: str, landed: 
         os.rmdir(rw(m) / "batches" / "b")
 
 
+def test_a_crash_before_a_rename_onto_a_linked_name_leaves_it_owed(workspace: Path) -> None:
+    """A batch's ``sed -i`` on one name of a hard-linked file, bytes unchanged, and a
+    crash before the rename: the tree holds the draft's bytes already, but under a name
+    that still shares its file, so the rename is owed, not landed; ``resume`` makes it."""
+    ws = workspace
+    (ws / "a.txt").write_bytes(b"one\n")
+    os.link(ws / "a.txt", ws / "b.txt")
+    m = Mount(ws, env={"RWFS_FAULT": "batch_after_prepare"}).start()
+    try:
+        os.mkdir(rw(m) / "batches" / "b")
+        res = subprocess.run(["sed", "-i", "s/x/X/", "a.txt"], cwd=m.path, capture_output=True)
+        assert res.returncode == 0, res.stderr
+    except BaseException:
+        m.stop()
+        raise
+    crash_during(m, lambda: verb(m, "b", "commit\n"))
+    assert os.stat(ws / "a.txt").st_ino == os.stat(ws / "b.txt").st_ino
+    with mounted(ws) as m:
+        st = bstatus(m, "b")
+        assert st["state"] == "interrupted"
+        assert paths_of(st)["a.txt"]["state"] == "prepared", st
+        assert verb(m, "b", "resume\n") == 0
+        assert bstatus(m, "b")["state"] == "committed"
+        a, b = os.stat(m.path / "a.txt"), os.stat(m.path / "b.txt")
+        assert a.st_ino != b.st_ino and (a.st_nlink, b.st_nlink) == (1, 1)
+    a, b = os.stat(ws / "a.txt"), os.stat(ws / "b.txt")
+    assert a.st_ino != b.st_ino and (a.st_nlink, b.st_nlink) == (1, 1)
+    assert (ws / "a.txt").read_bytes() == (ws / "b.txt").read_bytes() == b"one\n"
+
+
 def test_batch_open_at_a_crash_keeps_its_drafts(workspace: Path) -> None:
     # No commit was asked for: a crash (SIGKILL) of a daemon holding an open batch.
     ws = workspace

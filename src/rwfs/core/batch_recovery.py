@@ -126,7 +126,16 @@ def _recover_committing(
             {"receipt": r["id"], "recovered": True},
             batch=batch.name,
         )
-        if live == r["intended"] and not special:
+        entry = batch.record["entries"].get(r["path"], {})
+        # A rename onto one name of a hard-linked file whose bytes it shares is owed
+        # while the name still shares the file (Landing._replace_at).
+        shared = (
+            st is not None
+            and entry.get("replace")
+            and live == r["expected"]
+            and ws.links.hard_linked(st, live)
+        )
+        if live == r["intended"] and not special and not shared:
             c.outcome = "landed"
             c.info["kept"] = bool(r["expected"]) and ws.objects.exists(r["expected"])
             ws.links.landed(c, st)

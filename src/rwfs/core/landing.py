@@ -239,11 +239,17 @@ class Landing:
             c.outcome, c.error = "error", type_swap(c.path)
             self.keep_intended(c)
             return
-        if live == c.intended:
+        # Other names share the file (not just the link of a kept object).
+        shared = st is not None and self.ws.links.hard_linked(st, live)
+        if live == c.intended and not (
+            c.info.get("replace") and shared and live == c.stage.expected
+        ):
             c.outcome = "landed"
             self.keep_intended(c)  # nothing to keep: it is in the tree
             self.ws.links.landed(c, st)
             return
+        # (A rename onto one name of a hard-linked file, a batch's ``replace``, goes on
+        # even with the same bytes: the name gets a file of its own, as rename(2) gives.)
         if live != c.stage.expected:
             c.outcome = "conflict"
             c.info["actual"] = live
@@ -251,15 +257,13 @@ class Landing:
             return
         # A hard-linked file is written in place, unless the commit stands for a rename
         # onto the name (a batch's), which replaces the name as rename(2) would.
-        linked = (
-            st is not None and not c.info.get("replace") and self.ws.links.hard_linked(st, live)
-        )
+        linked = shared and not c.info.get("replace")
         if live is not None:
             assert st is not None
             if live == EMPTY_DIGEST and c.owner is not None and self.ws.objects.exists(live):
                 c.spare = self.ws.stages.spare_link(d, name, st)
-            elif linked:
-                # Another name shares the inode and changes it in place: linked, the
+            elif shared:
+                # Other names share the inode and may change it in place: linked, the
                 # object would change with it. A copy is kept; if the bytes moved since
                 # the check, the commit is a conflict like any other.
                 kept = self._keep_copy(d, name)
