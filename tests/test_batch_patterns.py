@@ -624,6 +624,36 @@ def test_a_save_by_rename_onto_one_name_of_a_linked_file_gives_it_a_file_of_its_
         assert files_of(m.workspace) == {"a.txt": want + b"more\n", "b.txt": b"one\n"}
 
 
+@pytest.mark.parametrize("away", ["rm", "mv"])
+@pytest.mark.parametrize("seen", [True, False], ids=["other name looked up", "other name unseen"])
+def test_removing_the_name_a_linked_draft_is_held_under_leaves_it_to_the_other(
+    tmp_path: Path, away: str, seen: bool
+) -> None:
+    """In a batch, a write through one name of a hard-linked file (``cp`` onto it), a
+    truncate through the other (or none: the mount never looks that name up), then
+    ``rm`` (or ``mv``, which copies and removes in a batch) of the first, the name the
+    draft is held under: the other name still shows the draft, and the commit gives it
+    the draft. Once, the removal took the draft with it: the other name went back to the
+    base bytes, and the writes, each told it succeeded, were lost."""
+    with batch_mount(tmp_path, {"b.txt": b"zzz\n"}) as m:
+        (m.workspace / "a").mkdir()
+        os.link(m.workspace / "b.txt", m.workspace / "a" / "f.txt")
+        os.mkdir(m.path / ".rw" / "batches" / "b")
+        ok(m.path, "printf 'new bytes\\n' | cp /dev/stdin a/f.txt")
+        if seen:
+            os.truncate(m.path / "b.txt", 3)
+        want = b"new" if seen else b"new bytes\n"
+        ok(m.path, "rm a/f.txt" if away == "rm" else "mv a/f.txt moved.txt")
+        moved = {"moved.txt": want} if away == "mv" else {}
+        assert files_of(m.path) == {"b.txt": want, **moved}
+        assert files_of(m.workspace) == {"b.txt": b"zzz\n"}
+        assert ctl(m, "b", "commit") == 0
+        assert files_of(m.workspace) == {"b.txt": want, **moved}
+        assert os.listdir(m.workspace / "a") == []
+        assert os.stat(m.workspace / "b.txt").st_nlink == 1
+        assert files_of(m.path) == {"b.txt": want, **moved}
+
+
 def test_a_save_by_rename_onto_one_name_of_a_linked_draft_leaves_the_other_the_draft(
     tmp_path: Path,
 ) -> None:

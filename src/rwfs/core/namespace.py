@@ -79,7 +79,17 @@ class Namespace:
         st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
         if not (stat.S_ISREG(st.st_mode) and self.files.journaled(path, st)):
             return False
+        heir = None
         if held is not None and held.held and held.path == path:
+            assert inode is not None
+            heir = await self._heir(inode, path, st)
+        if heir is not None:
+            assert held is not None
+            # One name of a hard-linked file whose draft the batch holds under this name:
+            # the file's other names keep the draft, which moves to one of them.
+            await self.files.batches.move_entry(batch, held, heir)
+            await self.files.batches.hide(batch, path, held.stage.expected, who)
+        elif held is not None and held.held and held.path == path:
             assert inode is not None
             with self.files.letting_go(inode, held):
                 await self.files.batches.hide(batch, path, held.stage.expected, who)
@@ -99,6 +109,20 @@ class Namespace:
         if gone is not None:
             self.files.inodes.orphan(gone)
         return True
+
+    async def _heir(self, inode: Inode, path: bytes, st: os.stat_result) -> bytes | None:
+        """Another name of the file at ``path`` that the mount still shows (one the inode
+        table knows, else one found in the tree); None if it has none."""
+        names = sorted(inode.paths - {path})
+        if not names and st.st_nlink > 1:
+            names = await trio.to_thread.run_sync(
+                self.ws.links.other_names, path, st, (), limiter=WORKERS
+            )
+        heir = next((p for p in names if p not in self.files.hidden), None)
+        if heir is not None and heir not in self.files.inodes.by_path:
+            inode.paths.add(heir)
+            self.files.inodes.by_path[heir] = inode
+        return heir
 
     async def remove(self, path: bytes, who: dict[str, Any], is_dir: bool) -> None:
         """unlink(2) or rmdir(2) of ``path``: an open batch's new file is forgotten, a file
