@@ -654,6 +654,28 @@ def test_removing_the_name_a_linked_draft_is_held_under_leaves_it_to_the_other(
         assert files_of(m.path) == {"b.txt": want, **moved}
 
 
+@pytest.mark.parametrize("seen", [True, False], ids=["other name looked up", "other name unseen"])
+def test_a_save_by_rename_onto_the_name_a_linked_draft_is_held_under(
+    tmp_path: Path, seen: bool
+) -> None:
+    """As above, with ``sed -i`` in place of the removal: the name sed saves gets a file
+    of its own, and the file's other name keeps the draft, seen by the mount or not."""
+    with batch_mount(tmp_path, {"b.txt": b"zzz\n"}) as m:
+        (m.workspace / "a").mkdir()
+        os.link(m.workspace / "b.txt", m.workspace / "a" / "f.txt")
+        os.mkdir(m.path / ".rw" / "batches" / "b")
+        ok(m.path, "printf 'new bytes\\n' | cp /dev/stdin a/f.txt")
+        if seen:
+            assert (m.path / "b.txt").read_bytes() == b"new bytes\n"
+        ok(m.path, "sed -i s/new/old/ a/f.txt")
+        assert (m.path / "a" / "f.txt").read_bytes() == b"old bytes\n"
+        assert (m.path / "b.txt").read_bytes() == b"new bytes\n"
+        assert ctl(m, "b", "commit") == 0
+        assert (m.workspace / "a" / "f.txt").read_bytes() == b"old bytes\n"
+        assert files_of(m.workspace) == files_of(m.path) == {"b.txt": b"new bytes\n"}
+        assert os.stat(m.workspace / "b.txt").st_nlink == 1
+
+
 def test_a_save_by_rename_onto_one_name_of_a_linked_draft_leaves_the_other_the_draft(
     tmp_path: Path,
 ) -> None:

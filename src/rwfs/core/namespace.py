@@ -82,7 +82,7 @@ class Namespace:
         heir = None
         if held is not None and held.held and held.path == path:
             assert inode is not None
-            heir = await self._heir(inode, path, st)
+            heir = await self.heir(inode, path, st)
         if heir is not None:
             assert held is not None
             # One name of a hard-linked file whose draft the batch holds under this name:
@@ -110,11 +110,11 @@ class Namespace:
             self.files.inodes.orphan(gone)
         return True
 
-    async def _heir(self, inode: Inode, path: bytes, st: os.stat_result) -> bytes | None:
-        """Another name of the file at ``path`` that the mount still shows (one the inode
-        table knows, else one found in the tree); None if it has none."""
+    async def heir(self, inode: Inode, path: bytes, st: os.stat_result | None) -> bytes | None:
+        """Another name of the file at ``path`` (stat ``st``) that the mount still shows:
+        one the inode table knows, else one found in the tree; None if it has none."""
         names = sorted(inode.paths - {path})
-        if not names and st.st_nlink > 1:
+        if not names and st is not None and st.st_nlink > 1:
             names = await trio.to_thread.run_sync(
                 self.ws.links.other_names, path, st, (), limiter=WORKERS
             )

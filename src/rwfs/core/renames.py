@@ -358,11 +358,14 @@ class Renames:
                 raise refused(errno.EXDEV)  # the batch ended meanwhile
         batch = self.files.batches.all[str(held.batch)]
         src_base = held.stage.expected  # not None: src was a file of the tree, deleted
-        if old is not None and old_held is not None and len(old.paths) > 1:
-            # A hard-linked file's draft, held under dst: the file's other names keep it,
-            # and dst alone gets the new file.
-            await self.files.batches.move_entry(batch, old_held, min(old.paths - {dst}))
-            old_held = None
+        if old is not None and old_held is not None:
+            heir = await self.files.names.heir(old, dst, real)
+            if heir is not None:
+                # A hard-linked file's draft: the file's other names keep it (held under
+                # one of them), and dst alone gets the new file.
+                if old_held.path == dst:
+                    await self.files.batches.move_entry(batch, old_held, heir)
+                old_held = None
         if old is not None and old_held is not None:
             with self.files.letting_go(old, old_held):  # its open descriptors keep its draft
                 await self.files.batches.retarget(batch, held, dst, base)
