@@ -18,9 +18,11 @@ import trio
 
 from rwfs.core import direct
 from rwfs.core.batches import Batches
+from rwfs.core.commits import Commit
 from rwfs.core.errors import RwfsError
 from rwfs.core.files import Files
 from rwfs.core.inodes import Inode, InodeTable
+from rwfs.core.stages import Stage
 from rwfs.core.workspace import Workspace
 from rwfs.journal.store import Store
 from rwfs.policy import Policy
@@ -205,6 +207,38 @@ def test_a_commit_is_queued_then_committed_and_the_inode_follows_the_live_file(
     assert seen["closed"] == -1
     assert (tree / "b.txt").read_bytes() == b"new\n"
     assert ops(core, "b.txt") == ["write"]
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["open", "idle"])
+def test_a_file_rwfs_replaces_itself_is_found_by_its_new_backing_key_only(
+    tree: Path, run: Run, held: bool
+) -> None:
+    """rwfs's own commit of a path (a restore, an undo: no owner) while the kernel knows
+    the file: idle, the inode follows the new backing file; open, it stays the replaced
+    file, which no name reaches now, and the table must no longer find it by that
+    file's backing key: freed, its inode number may be given to any new file, which was
+    then taken for this inode (two names, one inode)."""
+    (tree / "f").write_bytes(b"old\n")
+    seen: dict[str, Any] = {}
+
+    async def body(core: Core) -> None:
+        i = core.inode("f")
+        old_key = i.key
+        i.handles += held
+        (tree / "tmp").write_bytes(b"new\n")
+        os.rename(tree / "tmp", tree / "f")  # what the landing step does
+        st = os.stat(tree / "f")
+        c = Commit(b"f", Stage(-1, b"", sha(b"old\n")), sha(b"new\n"), 4, {})
+        c.outcome = "committed"
+        core.files.committed(c)
+        seen["old"] = core.inodes.by_key.get(old_key) is i
+        seen["new"] = core.inodes.by_key.get((st.st_dev, st.st_ino)) is i
+        seen["invalidated"] = ("invalidate", i.ino) in core.kernel.calls
+
+    run(tree, body)
+    assert seen["old"] is False
+    assert seen["new"] is not held
+    assert seen["invalidated"] is True
 
 
 def test_an_open_batch_holds_the_commit_until_it_commits(tree: Path, run: Run) -> None:

@@ -237,9 +237,18 @@ class Files:
             inode = self.inodes.by_path.get(c.path)
             if inode is not None and c.outcome == "committed":
                 self.reads.new_version(inode, c.stage.expected, str(c.intended), {})
-                if inode.handles == 0 and inode.stage is None and inode.pending is None:
+                try:
                     st = os.stat(rel(c.path), dir_fd=self.ws.root_fd, follow_symlinks=False)
-                    self.inodes.rekey(inode, (st.st_dev, st.st_ino))
+                    key = (st.st_dev, st.st_ino)
+                except OSError:
+                    key = None
+                if key is not None and not inode.busy:
+                    self.inodes.rekey(inode, key)
+                elif key != inode.key:
+                    # Open, it stays the replaced file (its descriptors read it), which no
+                    # name of the tree reaches now: once freed, its backing inode number
+                    # may be another file's, which must not be taken for this one.
+                    self.inodes.unkey(inode)
                 self.kernel.invalidate(inode)
             return
         if c.superseded:

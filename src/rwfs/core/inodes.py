@@ -23,7 +23,9 @@ files never hold one number at the same time. Once the kernel has forgotten an i
 number may stand for another file (as a plain filesystem reuses a freed inode): what must
 tell one incarnation from another within a mount uses ``Inode.serial``.
 
-Hard links share one ``Inode`` (found by the backing ``(st_dev, st_ino)``).
+Hard links share one ``Inode`` (found by the backing ``(st_dev, st_ino)``). An inode is
+found by the key of a backing file only while a name of the tree reaches that file: not
+once it is removed (``orphan``), nor once rwfs replaced it while it was open (``unkey``).
 Descriptors are bounded: an inode holds a backing descriptor only while it has open handles
 or a stage; paths are resolved from the root descriptor.
 
@@ -233,6 +235,12 @@ class InodeTable:
             del self.by_key[inode.key]
         inode.key = key
         self.by_key[key] = inode
+
+    def unkey(self, inode: Inode) -> None:
+        """The inode's backing file left the tree while the inode is held (rwfs replaced
+        it while it was open): no longer found by its backing key (``Files.committed``)."""
+        if self.by_key.get(inode.key) is inode:
+            del self.by_key[inode.key]
 
     def forget(self, ino: int, n: int) -> None:
         inode = self.by_ino.get(ino)
