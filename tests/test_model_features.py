@@ -9,7 +9,10 @@ and ``undo`` of the last committed batch, renames and exchanges of a directory w
 write through a hard link's other name is queued, and a remount (after which the mount
 knows no name it has not looked up again; ``rwfs fsck`` must agree then too). A plain dictionary is the model, with the groups
 of names that are one file (hard links): a write in place changes every name of the group,
-a save by rename or a removal takes the name out of it. After every step it checks:
+a save by rename or a removal takes the name out of it. In an open batch, ``mv`` of a
+file the batch did not make is EXDEV, so it copies (into the target's file, in place, if
+there is one) and removes the source, hard-linked names included. After every step it
+checks:
 
 - the files the mount shows, with their bytes;
 - each snapshot's ``tree/``, against the model's copy taken when it was made;
@@ -105,11 +108,19 @@ class Features(RuleBasedStateMachine):
         self.links: list[set[str]] = []  # names that are one file (the view's)
         self.links_base: list[set[str]] = []  # at the open batch's start
         self.linked_in_batch = False  # a batch's change touched a linked name
+        # Names the open batch made (a file created, or a temporary renamed onto the
+        # name): only such a file is renamed within the batch; rename() of any other is
+        # EXDEV, and mv copies it instead.
+        self.made: set[str] = set()
         self.remounted = False
 
     # ---- the model ----
 
     def set(self, name: str, body: bytes | None) -> None:
+        if self.batch is not None and body is None:
+            self.made.discard(name)
+        elif self.batch is not None and name not in self.view:
+            self.made.add(name)
         if body is None:
             self.view.pop(name, None)
         else:
@@ -140,6 +151,8 @@ class Features(RuleBasedStateMachine):
         if self.batch is not None and len(self.group(name)) > 1:
             self.linked_in_batch = True
         self.unlink_name(name)
+        if self.batch is not None and body is not None:
+            self.made.add(name)  # (a temporary the batch made, renamed onto the name)
         self.set(name, body)
 
     def commit_model(self, changes: dict[str, bytes | None]) -> None:
@@ -213,12 +226,18 @@ class Features(RuleBasedStateMachine):
         if dst in self.group(src):  # rename(2) of two names of one file does nothing
             os.rename(self.p(src), self.p(dst))
             return
-        linked = len(self.group(src)) > 1 or len(self.group(dst)) > 1
-        if self.batch is not None and linked:
-            return  # a rename (a file made in the batch) or a copy (EXDEV): not modelled
-        # Inside a batch, rename() of a file is EXDEV: shutil.move copies, as mv does.
-        shutil.move(self.p(src), self.p(dst))
         body = self.view[src]
+        if self.batch is not None and src not in self.made:
+            # rename() of a file the batch did not make is EXDEV: shutil.move copies it
+            # (into dst's file, in place, if there is one), then removes src.
+            shutil.move(self.p(src), self.p(dst))
+            if dst in self.view:
+                self.write(dst, body)
+            else:
+                self.set(dst, body)
+            self.replace(src, None)
+            return
+        shutil.move(self.p(src), self.p(dst))
         group = set(self.group(src))  # (a copy: replace() changes the model's groups)
         self.replace(src, None)
         self.replace(dst, body)
@@ -408,6 +427,7 @@ class Features(RuleBasedStateMachine):
         # modelled (the matrix test covers undo of a write through a link).
         self.last = None if self.linked_in_batch else (self.batch, changes)
         self.batch = None
+        self.made = set()
         self.commit_model({n: new for n, (_, new) in changes.items()})
 
     @precondition(lambda self: self.batch is not None)
@@ -416,6 +436,7 @@ class Features(RuleBasedStateMachine):
         assert self.batch is not None
         ctl(self.rw / "batches" / self.batch / "ctl", "abort")
         self.batch = None
+        self.made = set()
         self.view = dict(self.committed)
         self.links = self.links_base
 
