@@ -654,6 +654,26 @@ def test_removing_the_name_a_linked_draft_is_held_under_leaves_it_to_the_other(
         assert files_of(m.path) == {"b.txt": want, **moved}
 
 
+def test_a_linked_drafts_other_name_made_again_in_the_batch_does_not_take_the_draft(
+    tmp_path: Path,
+) -> None:
+    """The draft of a hard-linked file held under ``a/f.txt``; ``b.txt``, its other name,
+    removed and made again in the batch (a new file there); then ``rm a/f.txt``: the
+    draft has no name left (the tree's ``b.txt`` is the batch's new file now), so it goes,
+    and the new ``b.txt`` keeps its own bytes."""
+    with batch_mount(tmp_path, {"b.txt": b"zzz\n"}) as m:
+        (m.workspace / "a").mkdir()
+        os.link(m.workspace / "b.txt", m.workspace / "a" / "f.txt")
+        os.mkdir(m.path / ".rw" / "batches" / "b")
+        ok(m.path, "printf 'draft\\n' > a/f.txt")
+        ok(m.path, "rm b.txt && printf 'mine\\n' > b.txt")
+        ok(m.path, "rm a/f.txt")
+        assert files_of(m.path) == {"b.txt": b"mine\n"}
+        assert ctl(m, "b", "commit") == 0
+        assert files_of(m.workspace) == files_of(m.path) == {"b.txt": b"mine\n"}
+        assert os.listdir(m.workspace / "a") == []
+
+
 @pytest.mark.parametrize("seen", [True, False], ids=["other name looked up", "other name unseen"])
 def test_a_save_by_rename_onto_the_name_a_linked_draft_is_held_under(
     tmp_path: Path, seen: bool

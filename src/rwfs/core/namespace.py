@@ -118,7 +118,11 @@ class Namespace:
             names = await trio.to_thread.run_sync(
                 self.ws.links.other_names, path, st, (), limiter=WORKERS
             )
-        heir = next((p for p in names if p not in self.files.hidden), None)
+        # (Not a name the batch deleted, nor one it made a new file at since.)
+        heir = next(
+            (p for p in names if p not in self.files.hidden and p not in self.files.virtual),
+            None,
+        )
         if heir is not None and heir not in self.files.inodes.by_path:
             inode.paths.add(heir)
             self.files.inodes.by_path[heir] = inode
