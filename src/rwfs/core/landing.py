@@ -239,7 +239,9 @@ class Landing:
             c.outcome, c.error = "error", type_swap(c.path)
             self.keep_intended(c)
             return
-        # Other names share the file (not just the link of a kept object).
+        # Other names share the file (not just the link of a kept object). A rename onto
+        # one of them (a batch's ``replace``) goes on even when the bytes are the same:
+        # the name gets a file of its own, as rename(2) gives it.
         shared = st is not None and self.ws.links.hard_linked(st, live)
         if live == c.intended and not (
             c.info.get("replace") and shared and live == c.stage.expected
@@ -248,8 +250,6 @@ class Landing:
             self.keep_intended(c)  # nothing to keep: it is in the tree
             self.ws.links.landed(c, st)
             return
-        # (A rename onto one name of a hard-linked file, a batch's ``replace``, goes on
-        # even with the same bytes: the name gets a file of its own, as rename(2) gives.)
         if live != c.stage.expected:
             c.outcome = "conflict"
             c.info["actual"] = live
