@@ -624,6 +624,19 @@ def test_a_save_by_rename_onto_one_name_of_a_linked_file_gives_it_a_file_of_its_
         assert files_of(m.workspace) == {"a.txt": want + b"more\n", "b.txt": b"one\n"}
 
 
+@contextmanager
+def linked_draft(tmp_path: Path, write: str) -> Iterator[Mount]:
+    """``b.txt`` and ``a/f.txt``, two names of one file made in the tree (the mount has
+    seen neither), and batch ``b`` open with a draft of the file written through
+    ``a/f.txt`` by the shell command ``write``."""
+    with batch_mount(tmp_path, {"b.txt": b"zzz\n"}) as m:
+        (m.workspace / "a").mkdir()
+        os.link(m.workspace / "b.txt", m.workspace / "a" / "f.txt")
+        os.mkdir(m.path / ".rw" / "batches" / "b")
+        ok(m.path, write)
+        yield m
+
+
 @pytest.mark.parametrize("away", ["rm", "mv"])
 @pytest.mark.parametrize("seen", [True, False], ids=["other name looked up", "other name unseen"])
 def test_removing_the_name_a_linked_draft_is_held_under_leaves_it_to_the_other(
@@ -635,11 +648,7 @@ def test_removing_the_name_a_linked_draft_is_held_under_leaves_it_to_the_other(
     draft is held under: the other name still shows the draft, and the commit gives it
     the draft. Once, the removal took the draft with it: the other name went back to the
     base bytes, and the writes, each told it succeeded, were lost."""
-    with batch_mount(tmp_path, {"b.txt": b"zzz\n"}) as m:
-        (m.workspace / "a").mkdir()
-        os.link(m.workspace / "b.txt", m.workspace / "a" / "f.txt")
-        os.mkdir(m.path / ".rw" / "batches" / "b")
-        ok(m.path, "printf 'new bytes\\n' | cp /dev/stdin a/f.txt")
+    with linked_draft(tmp_path, "printf 'new bytes\\n' | cp /dev/stdin a/f.txt") as m:
         if seen:
             os.truncate(m.path / "b.txt", 3)
         want = b"new" if seen else b"new bytes\n"
@@ -654,37 +663,13 @@ def test_removing_the_name_a_linked_draft_is_held_under_leaves_it_to_the_other(
         assert files_of(m.path) == {"b.txt": want, **moved}
 
 
-def test_a_linked_drafts_other_name_made_again_in_the_batch_does_not_take_the_draft(
-    tmp_path: Path,
-) -> None:
-    """The draft of a hard-linked file held under ``a/f.txt``; ``b.txt``, its other name,
-    removed and made again in the batch (a new file there); then ``rm a/f.txt``: the
-    draft has no name left (the tree's ``b.txt`` is the batch's new file now), so it goes,
-    and the new ``b.txt`` keeps its own bytes."""
-    with batch_mount(tmp_path, {"b.txt": b"zzz\n"}) as m:
-        (m.workspace / "a").mkdir()
-        os.link(m.workspace / "b.txt", m.workspace / "a" / "f.txt")
-        os.mkdir(m.path / ".rw" / "batches" / "b")
-        ok(m.path, "printf 'draft\\n' > a/f.txt")
-        ok(m.path, "rm b.txt && printf 'mine\\n' > b.txt")
-        ok(m.path, "rm a/f.txt")
-        assert files_of(m.path) == {"b.txt": b"mine\n"}
-        assert ctl(m, "b", "commit") == 0
-        assert files_of(m.workspace) == files_of(m.path) == {"b.txt": b"mine\n"}
-        assert os.listdir(m.workspace / "a") == []
-
-
 @pytest.mark.parametrize("seen", [True, False], ids=["other name looked up", "other name unseen"])
 def test_a_save_by_rename_onto_the_name_a_linked_draft_is_held_under(
     tmp_path: Path, seen: bool
 ) -> None:
     """As above, with ``sed -i`` in place of the removal: the name sed saves gets a file
     of its own, and the file's other name keeps the draft, seen by the mount or not."""
-    with batch_mount(tmp_path, {"b.txt": b"zzz\n"}) as m:
-        (m.workspace / "a").mkdir()
-        os.link(m.workspace / "b.txt", m.workspace / "a" / "f.txt")
-        os.mkdir(m.path / ".rw" / "batches" / "b")
-        ok(m.path, "printf 'new bytes\\n' | cp /dev/stdin a/f.txt")
+    with linked_draft(tmp_path, "printf 'new bytes\\n' | cp /dev/stdin a/f.txt") as m:
         if seen:
             assert (m.path / "b.txt").read_bytes() == b"new bytes\n"
         ok(m.path, "sed -i s/new/old/ a/f.txt")
@@ -694,6 +679,22 @@ def test_a_save_by_rename_onto_the_name_a_linked_draft_is_held_under(
         assert (m.workspace / "a" / "f.txt").read_bytes() == b"old bytes\n"
         assert files_of(m.workspace) == files_of(m.path) == {"b.txt": b"new bytes\n"}
         assert os.stat(m.workspace / "b.txt").st_nlink == 1
+
+
+def test_a_linked_drafts_other_name_made_again_in_the_batch_does_not_take_the_draft(
+    tmp_path: Path,
+) -> None:
+    """The draft of a hard-linked file held under ``a/f.txt``; ``b.txt``, its other name,
+    removed and made again in the batch (a new file there); then ``rm a/f.txt``: the
+    draft has no name left (the tree's ``b.txt`` is the batch's new file now), so it goes,
+    and the new ``b.txt`` keeps its own bytes."""
+    with linked_draft(tmp_path, "printf 'draft\\n' > a/f.txt") as m:
+        ok(m.path, "rm b.txt && printf 'mine\\n' > b.txt")
+        ok(m.path, "rm a/f.txt")
+        assert files_of(m.path) == {"b.txt": b"mine\n"}
+        assert ctl(m, "b", "commit") == 0
+        assert files_of(m.workspace) == files_of(m.path) == {"b.txt": b"mine\n"}
+        assert os.listdir(m.workspace / "a") == []
 
 
 def test_a_save_by_rename_onto_one_name_of_a_linked_draft_leaves_the_other_the_draft(
