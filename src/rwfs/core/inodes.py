@@ -170,6 +170,14 @@ class InodeTable:
         self.by_path[path] = inode
         return inode
 
+    def add_names(self, inode: Inode, paths: list[bytes]) -> None:
+        """Other names of the inode's file, found in the tree (hard links the kernel has
+        not looked up): known by path from now on, unless a path already names another."""
+        for p in paths:
+            if p not in self.by_path:
+                inode.paths.add(p)
+                self.by_path[p] = inode
+
     def add_virtual(self, path: bytes) -> Inode:
         """A new inode for a file that exists only as a stage (created in an open batch):
         known by path and number, never by backing key (see the module's docstring)."""

@@ -79,20 +79,17 @@ class Namespace:
         st = os.stat(path, dir_fd=self.ws.root_fd, follow_symlinks=False)
         if not (stat.S_ISREG(st.st_mode) and self.files.journaled(path, st)):
             return False
-        heir = None
         if held is not None and held.held and held.path == path:
             assert inode is not None
             heir = await self.heir(inode, path, st)
-        if heir is not None:
-            assert held is not None
-            # One name of a hard-linked file whose draft the batch holds under this name:
-            # the file's other names keep the draft, which moves to one of them.
-            await self.files.batches.move_entry(batch, held, heir)
-            await self.files.batches.hide(batch, path, held.stage.expected, who)
-        elif held is not None and held.held and held.path == path:
-            assert inode is not None
-            with self.files.letting_go(inode, held):
+            if heir is not None:
+                # One name of a hard-linked file whose draft the batch holds under this
+                # name: the file's other names keep the draft, which moves to one of them.
+                await self.files.batches.move_entry(batch, held, heir)
                 await self.files.batches.hide(batch, path, held.stage.expected, who)
+            else:
+                with self.files.letting_go(inode, held):
+                    await self.files.batches.hide(batch, path, held.stage.expected, who)
         elif held is not None and held.held:
             # One name of a hard-linked file whose draft the batch holds under another:
             # that name keeps the draft; this one's base is the file's committed bytes.
@@ -123,9 +120,8 @@ class Namespace:
             (p for p in names if p not in self.files.hidden and p not in self.files.virtual),
             None,
         )
-        if heir is not None and heir not in self.files.inodes.by_path:
-            inode.paths.add(heir)
-            self.files.inodes.by_path[heir] = inode
+        if heir is not None:
+            self.files.inodes.add_names(inode, [heir])
         return heir
 
     async def remove(self, path: bytes, who: dict[str, Any], is_dir: bool) -> None:
@@ -221,10 +217,7 @@ class Namespace:
         names = await trio.to_thread.run_sync(
             self.ws.links.other_names, path, st, (), limiter=WORKERS
         )
-        for p in names:
-            if p not in self.files.inodes.by_path:
-                inode.paths.add(p)
-                self.files.inodes.by_path[p] = inode
+        self.files.inodes.add_names(inode, names)
 
     async def unseen_names(self, inode: Inode, st: os.stat_result) -> None:
         """Before a change to a regular file whose link count says it has names the inode
@@ -239,10 +232,7 @@ class Namespace:
         names = await trio.to_thread.run_sync(
             self.ws.links.other_names, inode.path, st, tuple(inode.paths), limiter=WORKERS
         )
-        for p in names:
-            if p not in self.files.inodes.by_path:
-                inode.paths.add(p)
-                self.files.inodes.by_path[p] = inode
+        self.files.inodes.add_names(inode, names)
 
     async def link(self, src: Inode, path: bytes, who: dict[str, Any]) -> None:
         """link(2): a new name of a file, journaled with the file's digest. Not of a file
