@@ -678,3 +678,69 @@ def test_a_rename_names_its_file_anew_before_it_waits(tree: Path, run: Run) -> N
     assert seen == {"undecided": False}
     assert (tree / "main.py").read_bytes() == b"x\n"
     assert (tree / "other.py").read_bytes() == b"y = 1\n"
+
+
+def test_spares_are_made_when_they_run_low_and_stages_take_them(tree: Path, run: Run) -> None:
+    from rwfs.core import stages
+
+    made_before: list[bytes] = []
+    staged: list[bytes] = []
+
+    async def body(core: Core) -> None:
+        st = core.ws.stages
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(st.keep_spares)
+            (core.tree / "a.txt").write_bytes(b"")
+            inode = core.inode("a.txt")
+            await core.write(inode, b"one\n")  # the pool is empty: its stage asks for spares
+            with trio.fail_after(30):
+                while len(st._made) < stages.SPARES_FILL:
+                    await trio.sleep(0.01)
+            made_before.extend(st._made)
+            await core.close(inode)
+            (core.tree / "b.txt").write_bytes(b"")
+            b = core.inode("b.txt")
+            await core.write(b, b"two\n")
+            assert b.stage is not None
+            staged.append(b.stage.name)
+            await core.close(b)
+            nursery.cancel_scope.cancel()
+        st.let_go_spares()
+
+    run(tree, body)
+    assert staged[0] in made_before
+    assert (tree / "b.txt").read_bytes() == b"two\n"
+    left = set(os.listdir(tree / ".rw" / "staging"))
+    assert not left & {n.decode() for n in made_before}
+
+
+def test_spares_stop_being_made_when_none_can_be(tree: Path, run: Run) -> None:
+    tries: list[int] = []
+
+    async def body(core: Core) -> None:
+        st = core.ws.stages
+        make = st._make_spares
+
+        def refused(n: int) -> int:
+            tries.append(n)
+            return 0  # (as when the disk has no inode left)
+
+        st._make_spares = refused  # type: ignore[method-assign]
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(st.keep_spares)
+                st._low.set()
+                await trio.sleep(0.3)
+                nursery.cancel_scope.cancel()
+        finally:
+            st._make_spares = make  # type: ignore[method-assign]
+        st.ws.staging_fd, real = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY), st.ws.staging_fd
+        try:
+            assert st._make_spares(4) == 0  # a directory that takes no file: none pooled
+        finally:
+            os.close(st.ws.staging_fd)
+            st.ws.staging_fd = real
+        assert st._pooled() == 0
+
+    run(tree, body)
+    assert len(tries) == 1, "keep_spares tried again without being asked"

@@ -318,6 +318,34 @@ def test_a_new_files_empty_inode_is_reused_as_a_later_stage(tmp_path: Path) -> N
     check_clean(m)
 
 
+def test_saves_by_rename_take_spare_inodes_and_a_clean_unmount_leaves_none(
+    tmp_path: Path,
+) -> None:
+    """A save by temp + rename frees no empty inode (the temporary's placeholder is a
+    removed file, kept as an object), so its stages take spares made beforehand in a
+    thread (Stages.keep_spares) instead of allocating an inode while the writer waits.
+    They are taken like any spare, and an unmount removes those left."""
+    ws, mp, m = mounted_beside(tmp_path)
+    try:
+        f = mp / "f.py"
+        f.write_text("x = 1\n" * 50)
+        (mp / ".rw" / "ctl").write_text("sync\n")
+        time.sleep(0.5)  # (the spares are made meanwhile)
+        for i in range(100):
+            tmp = mp / f".f.py.{i}.tmp"
+            tmp.write_text("x = 1\n" * 50 + f"y = {i}\n")
+            os.replace(tmp, f)
+        assert f.read_text().endswith("y = 99\n")
+        (mp / ".rw" / "ctl").write_text("sync\n")
+        counts = json.loads((mp / ".rw" / "stats").read_text())["counts"]
+        assert counts.get("spares_reused", 0) >= 90, counts
+        assert os.listdir(ws / ".rw" / "staging"), "no spare is kept while mounted"
+    finally:
+        m.stop()
+    check_clean(m)
+    assert os.listdir(ws / ".rw" / "staging") == []
+
+
 def _fallocate(fd: int, mode: int, off: int, length: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.fallocate(fd, mode, ctypes.c_long(off), ctypes.c_long(length)) != 0:

@@ -389,6 +389,7 @@ async def _main(ws: Workspace, ops: Operations) -> None:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ws.committer.run)
+        nursery.start_soon(ws.stages.keep_spares)
         nursery.start_soon(ops.run_primer)
         nursery.start_soon(retain)
         nursery.start_soon(_on_signals)
@@ -404,6 +405,7 @@ async def _main(ws: Workspace, ops: Operations) -> None:
         # Unmounted: finish every queued commit before the process ends.
         await ws.committer.close()
         nursery.cancel_scope.cancel()
+    ws.stages.let_go_spares()
 
 
 async def _on_signals() -> None:
