@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import Mount, check_clean, prepare_state
 
-from rwfs.checks import gates
+from rwfs.checks import gates, parsers
 from rwfs.policy import DEFAULT_TEXT
 
 REAL = inspect.getsource(json.decoder)  # a real module of a few hundred lines
@@ -875,6 +875,34 @@ def test_stubs_by_design_and_moved_bodies_pass(kind: str) -> None:
     assert stub_of(name, old, new) is None, kind
 
 
+def _wrap_stubbed() -> str:
+    lines = WRAP.split("\n")
+    start = lines.index("def dedent(text):")
+    end = lines.index("def indent(text, prefix, predicate=None):")
+    doc = next(i for i in range(start + 2, end) if lines[i].strip().endswith('"""'))
+    return "\n".join(lines[: doc + 1] + ["    raise NotImplementedError", "", ""] + lines[end:])
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["cold", "old parse kept"])
+@pytest.mark.parametrize("kind", ["textwrap.dedent", *sorted(STUBBED), *sorted(LEGIT_STUBS)])
+def test_the_stub_gate_judges_alike_whether_the_old_versions_parse_is_kept(
+    kind: str, kept: bool
+) -> None:
+    # A file's last parse is kept (per path) so that its next commit parses only around
+    # the edit; a body replaced by a stub lies inside its definition's body, and must be
+    # judged with the definition around it (it once went unseen when the parse was kept).
+    if kind == "textwrap.dedent":
+        name, old, new, want = "textwrap.py", WRAP, _wrap_stubbed(), "stub"
+    else:
+        name, old, new = STUBBED.get(kind) or LEGIT_STUBS[kind]
+        want = "stub" if kind in STUBBED else None
+    path = f"kept-{kept}/{kind}/{name}".encode()
+    if kept:
+        parsers.parse_errors(path, old.encode())
+    found = gates.stub(old.encode(), new.encode(), CFG["stub"], path)
+    assert (found and found.gate) == want
+
+
 FUNC_JS = (
     "function total (xs) {\n"
     + "".join(f"  const a{i} = xs[{i}] * {i + 1}\n" for i in range(8))
@@ -999,11 +1027,7 @@ def test_docs_repeat_examples_and_skeletons_but_not_sections() -> None:
 def test_a_stub_is_refused_through_the_mount_and_allowed_on_purpose(mount: Mount) -> None:
     f = mount.path / "wrap.py"
     f.write_text(WRAP)
-    lines = WRAP.split("\n")
-    start = lines.index("def dedent(text):")
-    end = lines.index("def indent(text, prefix, predicate=None):")
-    doc = next(i for i in range(start + 2, end) if lines[i].strip().endswith('"""'))
-    stubbed = "\n".join(lines[: doc + 1] + ["    raise NotImplementedError", "", ""] + lines[end:])
+    stubbed = _wrap_stubbed()
     assert refused_by(mount, f, stubbed, WRAP) == {"stub"}
     env = envelope(mount)
     assert env["reason_hint"] == "stub" and env["details"]["name"] == "dedent"

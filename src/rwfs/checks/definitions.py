@@ -198,6 +198,11 @@ def _py_around(
     path: bytes, old: bytes, new: bytes, spans: tuple[tuple[int, int], tuple[int, int]]
 ) -> tuple[list[Definition], list[Definition]] | None:
     for head, a, e, e2, around in parsers.python_pieces(path, old, new):
+        if around and _PY_HEADER.match(old, around[-1]):
+            # The body of a function or class: the definition whose body the edit changed
+            # is not in this piece (a body replaced by a stub would go unseen), but in the
+            # one around it.
+            continue
         o, n = _py(head + old[a:e]), _py(head + new[a:e2])
         if o is None or n is None:
             continue
