@@ -1129,6 +1129,31 @@ def test_a_deleted_definition_whose_strings_hold_brackets_is_no_cut() -> None:
     assert "truncation" in gated("lib/report.js", whole, whole[: whole.index("  const v9")])
 
 
+def _esm(n: int) -> list[str]:
+    """An ES module's functions, ``export``ed, of 12 lines each."""
+    return [
+        f"export function helper{i}(value) {{\n"
+        + "".join(f"  value = join(value, '{i}.{j}');\n" for j in range(10))
+        + "  return value;\n}\n"
+        for i in range(n)
+    ]
+
+
+def test_an_exported_function_deleted_with_a_note_where_it_was_passes() -> None:
+    # An exported definition is a definition (npm's ES modules: `export function`).
+    parts = _esm(6)
+    old = "import { join } from 'path';\n\n" + "\n".join(parts)
+    note = "// the loop below runs 1..n\n"
+    new = old.replace(parts[2], note)
+    assert gated("lib/esm.js", old, new) == []
+    assert gated("lib/esm.ts", old, new) == []
+    # A placeholder where it was is still an elision.
+    elided = old.replace(parts[2], "// ... rest of the helpers unchanged\n")
+    assert "elision" in gated("lib/esm.js", old, elided)
+    # The last one deleted: a deletion, not a cut.
+    assert gated("lib/esm.js", old, old[: old.index(parts[-1])]) == []
+
+
 def test_an_emptied_file_is_refused_and_says_so() -> None:
     from rwfs.checks import gates
     from rwfs.policy import Policy

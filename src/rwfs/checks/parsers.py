@@ -558,7 +558,17 @@ def statements(path: bytes, data: bytes) -> list[str] | None:
     root = _ts_parser(lang).parse(data).root_node
     if root.has_error:
         return None
-    return [c.type for c in root.named_children if "comment" not in c.type]
+    return [exported(c).type for c in root.named_children if "comment" not in c.type]
+
+
+def exported(node: Any) -> Any:
+    """What an ``export`` statement declares (``export function f``, ``export class C``,
+    ``export default class``), else the node: a definition exported is a definition."""
+    if node.type == "export_statement":
+        declared = node.child_by_field_name("declaration") or node.child_by_field_name("value")
+        if declared is not None:
+            return declared
+    return node
 
 
 # Files parsed ahead are at most this large: most parsers hold the GIL throughout, and a

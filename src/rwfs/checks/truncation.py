@@ -84,6 +84,7 @@ def _shape(node: Any) -> tuple[str, bytes]:
     (declared, or a function or class assigned), ``block`` and its callee (a call
     whose last argument is a function: ``describe(…, function () {…})``, ``it(…)``,
     ``names.forEach(function…)``: a test, a callback run once) or ``other``."""
+    node = parsers.exported(node)
     if _DEFINITION.search(node.type):
         return "definition", b""
     if node.type != "expression_statement" or not node.named_children:
