@@ -109,8 +109,8 @@ def test_the_newest_events_are_read_back_from_the_end(tmp_path: Path, monkeypatc
     assert s.newest(0) == []
     # It reads no further back than it must: the last 2 events read 2, not all 23.
     read = []
-    real = store.json.loads
-    monkeypatch.setattr(store.json, "loads", lambda raw: read.append(1) or real(raw))
+    real = store.codec.loads
+    monkeypatch.setattr(store.codec, "loads", lambda raw: read.append(1) or real(raw))
     assert [e["lsn"] for e in s.newest(2)] == [22, 23] and len(read) == 2
     s.close()
 

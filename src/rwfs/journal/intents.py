@@ -18,9 +18,10 @@ group committer moved to its digest name before their records were written.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
+
+from . import codec
 
 
 class IntentLog:
@@ -49,10 +50,10 @@ class IntentLog:
         return os.open(f"{gen:016x}.log", flags, 0o600, dir_fd=self.dir_fd)
 
     def append(self, record: dict[str, Any]) -> None:
-        # One line, ASCII (``json.dumps`` escapes every non-ASCII character and the surrogate
+        # One line, ASCII (``codec.dumps`` escapes every non-ASCII character and the surrogate
         # escapes of non-UTF-8 path bytes), of any length: a rename of two 4,095-byte paths
         # is about 50 KB. A record is either wholly in the page cache or not a valid line.
-        line = (json.dumps(record) + "\n").encode()
+        line = codec.dumps(record) + b"\n"
         if self._torn:
             # An earlier append failed part way: its caller was told so. End that partial
             # line, invalid whatever it held ("!" spoils even a complete record), so that it
@@ -73,7 +74,7 @@ class IntentLog:
         applies that generation's group)."""
         fd = self._open(gen)
         try:
-            os.write(fd, (json.dumps(record) + "\n").encode())
+            os.write(fd, codec.dumps(record) + b"\n")
         finally:
             os.close(fd)
 
@@ -114,7 +115,7 @@ class IntentLog:
         out = []
         for line in data.split(b"\n"):
             try:
-                out.append(json.loads(line))
+                out.append(codec.loads(line))
             except ValueError:
                 continue
         return out

@@ -99,7 +99,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import re
@@ -110,7 +109,7 @@ from typing import Any
 
 import lmdb
 
-from . import timelines
+from . import codec, timelines
 
 log = logging.getLogger("rwfs")
 
@@ -177,7 +176,7 @@ def _long_rows(cur: Any) -> Iterator[tuple[bytes, dict[str, Any]]]:
     for key, raw in cur:
         if not bytes(key).startswith(LONG_PATH):
             break
-        row = json.loads(bytes(raw))
+        row = codec.loads(raw)
         yield os.fsencode(row.pop("path")), row
 
 
@@ -213,7 +212,7 @@ class Txn:
         event = {"lsn": lsn, "ts": ts, **event}
         for key in EVENT_KEYS:  # every event has them, null where they do not apply
             event.setdefault(key, None)
-        self._t.put(u64(lsn), json.dumps(event).encode(), db=self._s.db[b"events"])
+        self._t.put(u64(lsn), codec.dumps(event), db=self._s.db[b"events"])
         self._index(event)
         return lsn
 
@@ -222,7 +221,7 @@ class Txn:
         if event["op"] == "refuse":
             row = {k: event.get(k) for k in ("path", "draft", "intended")}
             row |= {k: event[k] for k in ("uid", "gid") if event.get(k) is not None}
-            self._t.put(u64(event["lsn"]), json.dumps(row).encode(), db=self._s.db[b"refused"])
+            self._t.put(u64(event["lsn"]), codec.dumps(row), db=self._s.db[b"refused"])
 
     def new_receipt(self, receipt: dict[str, Any]) -> int:
         rid = self._next(b"receipt")
@@ -232,7 +231,7 @@ class Txn:
 
     def put_receipt(self, receipt: dict[str, Any]) -> None:
         key = u64(receipt["id"])
-        self._t.put(key, json.dumps(receipt).encode(), db=self._s.db[b"receipts"])
+        self._t.put(key, codec.dumps(receipt), db=self._s.db[b"receipts"])
         if receipt["state"] in ("prepared", "pending"):
             self._t.put(key, b"", db=self._s.db[b"unsettled"])
         else:
@@ -244,7 +243,7 @@ class Txn:
         key = self._s.path_key(path)
         if key != path:  # a long path: its key is a hash, so the row names it
             row["path"] = os.fsdecode(path)
-        self._t.put(key, json.dumps(row).encode(), db=self._s.db[b"paths"])
+        self._t.put(key, codec.dumps(row), db=self._s.db[b"paths"])
 
     def _get_path(self, path: bytes) -> Any:
         return self._t.get(self._s.path_key(path or b"."), db=self._s.db[b"paths"])
@@ -268,7 +267,7 @@ class Txn:
         for path, value in moved:
             there = dst + path[len(src) :]
             if value is not None and (tracked is None or tracked(there)):
-                entry = json.loads(bytes(value))
+                entry = codec.loads(value)
                 self.set_path(there, entry["digest"], lsn)
         self.set_path(src, None, lsn)
 
@@ -320,7 +319,7 @@ class Txn:
     def add_object(self, digest: str, size: int, lsn: int) -> None:
         db = self._s.db[b"objects"]
         if self._t.get(digest.encode(), db=db) is None:
-            self._t.put(digest.encode(), json.dumps({"size": size, "lsn": lsn}).encode(), db=db)
+            self._t.put(digest.encode(), codec.dumps({"size": size, "lsn": lsn}), db=db)
 
     def delete_object(self, digest: str) -> None:
         self._t.delete(digest.encode(), db=self._s.db[b"objects"])
@@ -335,24 +334,24 @@ class Txn:
 
     def receipt(self, rid: int) -> dict[str, Any] | None:
         raw = self._t.get(u64(rid), db=self._s.db[b"receipts"])
-        return json.loads(bytes(raw)) if raw else None
+        return codec.loads(raw) if raw else None
 
     def batch(self, name: str) -> dict[str, Any] | None:
         raw = self._t.get(name.encode(), db=self._s.db[b"batches"])
-        return json.loads(bytes(raw)) if raw else None
+        return codec.loads(raw) if raw else None
 
     def put_batch(self, batch: dict[str, Any]) -> None:
-        self._t.put(batch["name"].encode(), json.dumps(batch).encode(), db=self._s.db[b"batches"])
+        self._t.put(batch["name"].encode(), codec.dumps(batch), db=self._s.db[b"batches"])
 
     def put_snapshot(self, snap: dict[str, Any]) -> None:
-        self._t.put(snap["name"].encode(), json.dumps(snap).encode(), db=self._s.db[b"snapshots"])
+        self._t.put(snap["name"].encode(), codec.dumps(snap), db=self._s.db[b"snapshots"])
 
     def delete_snapshot(self, name: str) -> None:
         self._t.delete(name.encode(), db=self._s.db[b"snapshots"])
 
     def put(self, db: bytes, key: bytes, value: dict[str, Any]) -> None:
         """A record of one of the small keyed databases (scratch, chunks)."""
-        self._t.put(key, json.dumps(value).encode(), db=self._s.db[db])
+        self._t.put(key, codec.dumps(value), db=self._s.db[db])
 
     def delete(self, db: bytes, key: bytes) -> None:
         self._t.delete(key, db=self._s.db[db])
@@ -365,7 +364,7 @@ class Txn:
     def new_notice(self, notice: dict[str, Any]) -> int:
         nid = self._next(b"notice")
         notice = {"id": nid, "ts": now_iso(), **notice}
-        self._t.put(u64(nid), json.dumps(notice).encode(), db=self._s.db[b"notices"])
+        self._t.put(u64(nid), codec.dumps(notice), db=self._s.db[b"notices"])
         return nid
 
     def new_conflict(self, conflict: dict[str, Any]) -> int:
@@ -376,11 +375,11 @@ class Txn:
 
     def put_conflict(self, conflict: dict[str, Any]) -> None:
         key = u64(conflict["id"])
-        self._t.put(key, json.dumps(conflict).encode(), db=self._s.db[b"conflicts"])
+        self._t.put(key, codec.dumps(conflict), db=self._s.db[b"conflicts"])
 
     def conflict(self, cid: int) -> dict[str, Any] | None:
         raw = self._t.get(u64(cid), db=self._s.db[b"conflicts"])
-        return json.loads(bytes(raw)) if raw else None
+        return codec.loads(raw) if raw else None
 
 
 def _redact(ev: dict[str, Any]) -> None:
@@ -493,7 +492,7 @@ class Store:
         """The ``ts`` of the newest event ("" for none), read once, then kept."""
         if self.newest_ts is None:
             cur = txn.cursor(db=self.db[b"events"])
-            self.newest_ts = json.loads(bytes(cur.value())).get("ts") or "" if cur.last() else ""
+            self.newest_ts = codec.loads(cur.value()).get("ts") or "" if cur.last() else ""
         return self.newest_ts
 
     def close(self) -> None:
@@ -571,7 +570,7 @@ class Store:
                     break
                 chunk = []
                 for n, (key, raw) in enumerate(cur, 1):
-                    ev = json.loads(raw)
+                    ev = codec.loads(raw)
                     if b'"match"' in raw:
                         _redact(ev)
                     if path is None or ev.get("path") == path or ev.get("dest") == path:
@@ -615,7 +614,7 @@ class Store:
                     lsn = from_u64(key)
                     if lsn <= since:
                         break
-                    ev = json.loads(raw)
+                    ev = codec.loads(raw)
                     if b'"match"' in raw:
                         _redact(ev)
                     if wanted is None or wanted(ev):
@@ -638,14 +637,14 @@ class Store:
         with self.env.begin() as txn:
             ids = [k for k, _ in txn.cursor(db=self.db[b"unsettled"])]
             rows = [txn.get(k, db=self.db[b"receipts"]) for k in ids]
-            return [json.loads(bytes(r)) for r in rows if r is not None]
+            return [codec.loads(r) for r in rows if r is not None]
 
     def receipts_of(self, batch: str) -> list[dict[str, Any]]:
         return [r for r in self.receipts() if r.get("batch") == batch]
 
     def receipts(self) -> Iterator[dict[str, Any]]:
         with self.env.begin() as txn:
-            rows = [json.loads(raw) for _, raw in txn.cursor(db=self.db[b"receipts"])]
+            rows = [codec.loads(raw) for _, raw in txn.cursor(db=self.db[b"receipts"])]
         yield from rows
 
     def path_key(self, path: bytes) -> bytes:
@@ -658,17 +657,17 @@ class Store:
         """Path -> ``{digest, lsn}`` of every indexed path, long ones included."""
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.db[b"paths"])
-            out = {bytes(k): json.loads(v) for k, v in cur if not k.startswith(LONG_PATH)}
+            out = {bytes(k): codec.loads(v) for k, v in cur if not k.startswith(LONG_PATH)}
             out.update(_long_rows(cur))
         return out
 
     def objects(self) -> dict[str, dict[str, Any]]:
         with self.env.begin() as txn:
-            return {k.decode(): json.loads(v) for k, v in txn.cursor(db=self.db[b"objects"])}
+            return {k.decode(): codec.loads(v) for k, v in txn.cursor(db=self.db[b"objects"])}
 
     def _all(self, db: bytes) -> list[dict[str, Any]]:
         with self.env.begin() as txn:
-            return [json.loads(raw) for _, raw in txn.cursor(db=self.db[db])]
+            return [codec.loads(raw) for _, raw in txn.cursor(db=self.db[db])]
 
     def batches(self) -> list[dict[str, Any]]:
         return self._all(b"batches")
@@ -676,12 +675,12 @@ class Store:
     def batch(self, name: str) -> dict[str, Any] | None:
         with self.env.begin() as txn:
             raw = txn.get(name.encode(), db=self.db[b"batches"])
-        return json.loads(raw) if raw else None
+        return codec.loads(raw) if raw else None
 
     def conflict(self, cid: int) -> dict[str, Any] | None:
         with self.env.begin() as txn:
             raw = txn.get(u64(cid), db=self.db[b"conflicts"])
-        return json.loads(raw) if raw else None
+        return codec.loads(raw) if raw else None
 
     def records(self, db: bytes) -> list[dict[str, Any]]:
         """Every record of one of the small databases (scratch, chunks, handoffs)."""

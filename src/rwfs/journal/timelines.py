@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from . import codec
 from .objects import EMPTY_DIGEST
 
 LONG_PATH = b"\0#"  # as the ``paths`` database's long keys (store.py)
@@ -106,7 +106,7 @@ class Rows:
         if not path:
             return None  # (the top has no row: no event gives it bytes)
         raw = self.t.get(self.key(path), db=self.db[b"hist_paths"])
-        return json.loads(bytes(raw)) if raw else None
+        return codec.loads(raw) if raw else None
 
     @staticmethod
     def last_of(row: dict[str, Any] | None) -> Version | None:
@@ -134,7 +134,7 @@ class Rows:
 
     def timeline(self, path: bytes) -> list[Version]:
         return [
-            Version.unpack(json.loads(v))
+            Version.unpack(codec.loads(v))
             for _, v in self._range(b"hist_versions", self.key(path) + _SEP)
         ]
 
@@ -149,7 +149,7 @@ class Rows:
     def version_at(self, path: bytes, lsn: int) -> Version | None:
         """The version of ``path``'s timeline at ``lsn`` (None: no event gave it bytes)."""
         cur = self._at(b"hist_versions", self.key(path) + _SEP, lsn)
-        return Version.unpack(json.loads(bytes(cur.value()))) if cur is not None else None
+        return Version.unpack(codec.loads(cur.value())) if cur is not None else None
 
     def mode_at(self, path: bytes, lsn: int) -> int | None:
         """``changes.modes_at(events, lsn).get(path)``, from ``path``'s rows: the mode the
@@ -158,7 +158,7 @@ class Rows:
         head = self.key(path) + _SEP
         cur = self._at(b"hist_modes", head, lsn)
         while cur is not None and bytes(cur.key()).startswith(head):
-            entry = json.loads(bytes(cur.value()))
+            entry = codec.loads(cur.value())
             if "s" in entry:
                 if entry["s"][0] is not None:
                     return int(entry["s"][0])
@@ -170,7 +170,7 @@ class Rows:
             for k, v in cur:
                 if not bytes(k).startswith(head):
                     break
-                entry = json.loads(bytes(v))
+                entry = codec.loads(v)
                 if "n" in entry:
                     prior, mode = entry["n"]
                     return int(mode) if prior and mode is not None else None
@@ -194,7 +194,7 @@ class Rows:
                     if len(out) == n:
                         return out, head + b"\x01"  # (past every key of ``head``)
                 head, versions = k[:-9], []
-            versions.append(Version.unpack(json.loads(bytes(v))))
+            versions.append(Version.unpack(codec.loads(v)))
         if versions:
             out.append((self._path_of(head), versions))
         return out, None
@@ -204,7 +204,7 @@ class Rows:
         if not key.startswith(LONG_PATH):
             return key
         raw = self.t.get(key, db=self.db[b"hist_paths"])
-        return os.fsencode(json.loads(bytes(raw))["p"])
+        return os.fsencode(codec.loads(raw)["p"])
 
     def origins(self, path: bytes) -> list[tuple[int, bytes]]:
         head = self.key(path) + _SEP
@@ -228,7 +228,7 @@ class Rows:
                     k = bytes(k)
                     if not k.startswith(prefix):
                         break
-                    yield k, json.loads(bytes(v))
+                    yield k, codec.loads(v)
         for p, row in self._long_rows():
             if p.startswith(prefix):
                 yield p, row
@@ -275,7 +275,7 @@ class Rows:
 
     def _long_rows(self) -> Iterator[tuple[bytes, dict]]:
         for _, v in self._range(b"hist_paths", LONG_PATH):
-            row = json.loads(v)
+            row = codec.loads(v)
             yield os.fsencode(row["p"]), row
 
     def lineage(self, path: bytes) -> list[Version]:
@@ -369,7 +369,7 @@ class Rows:
         key = self.key(path)
         if key != path:
             row["p"] = os.fsdecode(path)
-        self.t.put(key, json.dumps(row).encode(), db=self.db[b"hist_paths"])
+        self.t.put(key, codec.dumps(row), db=self.db[b"hist_paths"])
 
     def _set_meta(self, path: bytes, meta: Meta) -> None:
         row = self.row(path) or {}
@@ -381,7 +381,7 @@ class Rows:
         """Add ``v`` to ``path``'s timeline (or replace the version at its LSN); ``row`` is
         updated, the caller writes it."""
         head = self.key(path) + _SEP
-        self.t.put(head + _u64(v.lsn), json.dumps(v.pack()).encode(), db=self.db[b"hist_versions"])
+        self.t.put(head + _u64(v.lsn), codec.dumps(v.pack()), db=self.db[b"hist_versions"])
         old = self.last_of(row)
         if old is not None and old.digest and old.digest != v.digest:
             self.t.delete(_digest_key(old.digest, path), db=self.db[b"hist_holders"])
@@ -509,7 +509,7 @@ class Rows:
             entries.setdefault(p, {})["s"] = [now]
         for p, entry in entries.items():
             key = self.key(p) + _SEP + _u64(ev["lsn"])
-            self.t.put(key, json.dumps(entry).encode(), db=self.db[b"hist_modes"])
+            self.t.put(key, codec.dumps(entry), db=self.db[b"hist_modes"])
 
     def _modes_below(self, top: bytes) -> list[tuple[bytes, int]]:
         """``top`` and the paths below it that have a mode (``mm``)."""
