@@ -131,14 +131,19 @@ class Stages:
     def _make_spares(self, n: int) -> int:
         """Make up to ``n`` empty files in staging and pool them as spares; how many."""
         for made in range(n):
-            name = unique_id().encode()
-            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
             try:
-                os.close(os.open(name, flags, 0o600, dir_fd=self.ws.staging_fd))
+                fd, name = self._new_file()
             except OSError:
                 return made
+            os.close(fd)
             self._made.append(name)
         return n
+
+    def _new_file(self) -> tuple[int, bytes]:
+        """(descriptor, name) of a new empty file in staging, only the daemon's to read."""
+        name = unique_id().encode()
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        return os.open(name, flags, 0o600, dir_fd=self.ws.staging_fd), name
 
     def _pooled(self) -> int:
         return len(self._spares) + len(self._made)
@@ -148,14 +153,12 @@ class Stages:
         for pool in (self._spares, self._made):
             while pool:
                 with contextlib.suppress(OSError):
-                    os.unlink(pool.popleft(), dir_fd=self.ws.staging_fd)
+                    self.unlink(pool.popleft())
 
     def make(self, source_fd: int, truncate: bool, known: str | None = None) -> Stage:
         fd, name = self._take_spare()
         if fd < 0:
-            name = unique_id().encode()
-            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-            fd = os.open(name, flags, 0o600, dir_fd=self.ws.staging_fd)
+            fd, name = self._new_file()
         try:
             st = os.fstat(source_fd)
             copy_metadata(source_fd, fd, st)
@@ -238,9 +241,7 @@ class Stages:
         """A stage for a file that does not exist yet (one a batch creates)."""
 
         def make() -> Stage:
-            name = unique_id().encode()
-            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-            fd = os.open(name, flags, 0o600, dir_fd=self.ws.staging_fd)
+            fd, name = self._new_file()
             if os.geteuid() == 0:
                 os.fchown(fd, uid, gid)
             os.fchmod(fd, mode)
