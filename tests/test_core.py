@@ -769,6 +769,57 @@ def test_a_digest_is_cached_only_once_the_files_last_change_is_not_racy(ws: Any)
         os.close(fd)
 
 
+def test_a_digest_is_taken_on_the_loop_when_cached_or_small(
+    ws: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Digests.of`` hops to a thread only to read and hash a large file: a cached
+    digest and a small file's cost less than the hop. A FIFO is never read on the loop."""
+    import trio
+
+    from rwfs.core.digests import HASH_ON_LOOP
+
+    hops: list[str] = []
+    real = trio.to_thread.run_sync
+
+    async def counted(fn: Any, *args: Any, **kw: Any) -> Any:
+        hops.append(fn.__name__)
+        return await real(fn, *args, **kw)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    small, large = b"x" * HASH_ON_LOOP, b"y" * (HASH_ON_LOOP + 1)
+
+    def digest(name: str, data: bytes) -> tuple[str, list[str]]:
+        p = ws.tree / name
+        p.write_bytes(data)
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            hops.clear()
+            return trio.run(ws.digests.of, fd), list(hops)
+        finally:
+            os.close(fd)
+
+    assert digest("small", small) == (sha(small), [])
+    assert digest("large", large) == (sha(large), ["of_fd"])
+    time.sleep(0.1)  # no longer racy: the next read of it is cached
+    fd = os.open(ws.tree / "large", os.O_RDONLY)
+    try:
+        for want in (["of_fd"], []):  # read and cached, then from the cache with no hop
+            hops.clear()
+            assert trio.run(ws.digests.of, fd) == sha(large)
+            assert hops == want
+    finally:
+        os.close(fd)
+    os.mkfifo(ws.tree / "fifo")
+    fd = os.open(ws.tree / "fifo", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        hops.clear()
+        with pytest.raises(OSError):  # not a file to hash (ESPIPE)
+            trio.run(ws.digests.of, fd)
+        assert hops == ["of_fd"]
+    finally:
+        os.close(fd)
+
+
 def test_a_small_rewrite_is_gated_on_the_loop_only_when_its_parse_is_kept(
     ws: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
