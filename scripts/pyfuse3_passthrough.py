@@ -56,6 +56,11 @@ class Passthrough(pyfuse3.Operations):
         # The (parent inode, name) entries of each inode the kernel knows (a hard-linked
         # file's names; a directory's one), so that a rename moves a whole subtree.
         self.names: dict[int, set[tuple[int, bytes]]] = {}
+        # A backing inode number the tree reuses after its object went is a new object
+        # to the kernel only with a new generation: with the same one, the kernel takes
+        # it for the inode it still caches, and a directory's old dentry is moved to the
+        # new name (d_splice_alias), which fails with ESTALE while a rename runs.
+        self.generations: dict[int, int] = {}
         self.listings: dict[int, list[bytes]] = {}  # a directory's names, while listed
 
     def _path(self, ino: int) -> bytes:
@@ -73,7 +78,7 @@ class Passthrough(pyfuse3.Operations):
     def _attr(self, st: os.stat_result, ino: int | None = None) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino if ino is not None else st.st_ino
-        a.generation = 0
+        a.generation = self.generations.get(a.st_ino, 0)
         a.entry_timeout = TIMEOUT
         a.attr_timeout = TIMEOUT
         a.st_mode = st.st_mode
@@ -91,15 +96,17 @@ class Passthrough(pyfuse3.Operations):
 
     def _enter(self, parent: int, name: bytes) -> pyfuse3.EntryAttributes:
         st = os.lstat(self._child(parent, name))
-        self.names.setdefault(st.st_ino, set()).add((parent, name))
+        known = self.names.setdefault(st.st_ino, set())
+        if not known:  # no name of it is known: new, or its number was freed and reused
+            self.generations[st.st_ino] = self.generations.get(st.st_ino, 0) + 1
+        known.add((parent, name))
         return self._attr(st)
 
-    def _drop(self, parent: int, name: bytes) -> None:
-        """The entry is about to go: its inode no longer has that name."""
-        try:
-            ino = os.lstat(self._child(parent, name)).st_ino
-        except OSError:
-            return
+    def _remove(self, parent: int, name: bytes, remove: Callable[[bytes], None]) -> None:
+        """Removes the entry; once it is gone its inode no longer has that name."""
+        path = self._child(parent, name)
+        ino = os.lstat(path).st_ino
+        remove(path)
         self.names.get(ino, set()).discard((parent, name))
 
     def _stat(self, ino: int) -> os.stat_result:
@@ -178,15 +185,11 @@ class Passthrough(pyfuse3.Operations):
 
     @_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        path = self._child(parent_inode, name)
-        self._drop(parent_inode, name)
-        os.unlink(path)
+        self._remove(parent_inode, name, os.unlink)
 
     @_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        path = self._child(parent_inode, name)
-        self._drop(parent_inode, name)
-        os.rmdir(path)
+        self._remove(parent_inode, name, os.rmdir)
 
     @_errors
     async def rename(
