@@ -769,23 +769,29 @@ def test_a_digest_is_cached_only_once_the_files_last_change_is_not_racy(ws: Any)
         os.close(fd)
 
 
-def test_a_digest_is_taken_on_the_loop_when_cached_or_small(
-    ws: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the functions run in worker threads (``trio.to_thread.run_sync``)."""
+    import trio
+
+    seen: list[str] = []
+    real = trio.to_thread.run_sync
+
+    async def counted(fn: Any, *args: Any, **kw: Any) -> Any:
+        seen.append(fn.__name__)
+        return await real(fn, *args, **kw)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    return seen
+
+
+def test_a_digest_is_taken_on_the_loop_when_cached_or_small(ws: Any, hops: list[str]) -> None:
     """``Digests.of`` hops to a thread only to read and hash a large file: a cached
     digest and a small file's cost less than the hop. A FIFO is never read on the loop."""
     import trio
 
     from rwfs.core.digests import HASH_ON_LOOP
 
-    hops: list[str] = []
-    real = trio.to_thread.run_sync
-
-    async def counted(fn: Any, *args: Any, **kw: Any) -> Any:
-        hops.append(fn.__name__)
-        return await real(fn, *args, **kw)
-
-    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
     small, large = b"x" * HASH_ON_LOOP, b"y" * (HASH_ON_LOOP + 1)
 
     def digest(name: str, data: bytes) -> tuple[str, list[str]]:
@@ -821,7 +827,7 @@ def test_a_digest_is_taken_on_the_loop_when_cached_or_small(
 
 
 def test_a_small_rewrite_is_gated_on_the_loop_only_when_its_parse_is_kept(
-    ws: Any, monkeypatch: pytest.MonkeyPatch
+    ws: Any, hops: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A rewrite of a small file whose old bytes' parse is kept is sealed and gated on the
     event loop (quicker than a thread hop), with the same findings the gates give in a
@@ -831,14 +837,6 @@ def test_a_small_rewrite_is_gated_on_the_loop_only_when_its_parse_is_kept(
     from rwfs.checks import gates, parsers
     from rwfs.core import gating
 
-    hops: list[str] = []
-    real = trio.to_thread.run_sync
-
-    async def counted(fn: Any, *args: Any, **kw: Any) -> Any:
-        hops.append(fn.__name__)
-        return await real(fn, *args, **kw)
-
-    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
     monkeypatch.setattr(parsers, "_kept", parsers._Kept())
     f = ws.tree / "m.py"
 
