@@ -59,7 +59,7 @@ class Passthrough(pyfuse3.Operations):
         # A backing inode number the tree reuses after its object went is a new object
         # to the kernel only with a new generation: with the same one, the kernel takes
         # it for the inode it still caches, and a directory's old dentry is moved to the
-        # new name (d_splice_alias), which fails with ESTALE while a rename runs.
+        # new name (d_splice_alias), which can fail with ESTALE while a rename runs.
         self.generations: dict[int, int] = {}
         self.listings: dict[int, list[bytes]] = {}  # a directory's names, while listed
 
