@@ -732,7 +732,12 @@ def test_a_trailing_hash_reads_no_further_than_the_writes_reported(tmp_path: Pat
         t = TrailingHash(fd, len(first))
         # Appended while the thread still reads the first bytes, and not reported yet.
         os.pwrite(fd, b"appended" * 1000, len(first))
-        time.sleep(0.5)  # (the thread reads what it may, then waits)
+        # The thread reads what it may, then waits: for all of it, however slow the
+        # machine (a fixed sleep let the overwrite below come before the read of byte 5).
+        deadline = time.monotonic() + 60
+        while t._pos < len(first) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # (and would have read on, had it not stopped at the reported end)
         t.wrote(len(first), len(first) + 8000)
         if overwrite:
             os.pwrite(fd, b"x", 5)
