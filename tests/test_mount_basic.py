@@ -330,7 +330,9 @@ def test_saves_by_rename_take_spare_inodes_and_a_clean_unmount_leaves_none(
         f = mp / "f.py"
         f.write_text("x = 1\n" * 50)
         (mp / ".rw" / "ctl").write_text("sync\n")
-        time.sleep(0.5)  # (the spares are made meanwhile)
+        deadline = time.monotonic() + 60  # the spares are made meanwhile, in a thread
+        while len(os.listdir(ws / ".rw" / "staging")) < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
         for i in range(100):
             tmp = mp / f".f.py.{i}.tmp"
             tmp.write_text("x = 1\n" * 50 + f"y = {i}\n")
