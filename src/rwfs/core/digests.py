@@ -40,10 +40,12 @@ class Digests:
     def of_fd(self, fd: int, st: os.stat_result | None = None) -> str:
         """The digest of an open file, from the cache when its stat says it is unchanged."""
         st = st or os.fstat(fd)
-        digest = self.cached(st)
-        if digest is None:
-            digest, _ = digest_fd(fd)
-            self.remember(st, digest)  # the stat taken before the bytes were read
+        return self.cached(st) or self._hash(fd, st)
+
+    def _hash(self, fd: int, st: os.stat_result) -> str:
+        """Read and hash the file, and cache its digest under ``st`` (taken before)."""
+        digest, _ = digest_fd(fd)
+        self.remember(st, digest)
         return digest
 
     def cached(self, st: os.stat_result) -> str | None:
@@ -91,7 +93,10 @@ class Digests:
         """A file's digest: from the cache when its stat is unchanged, else read and
         hashed off the loop, but a small regular file's on it (HASH_ON_LOOP)."""
         st = os.fstat(fd)
-        if self.cached(st) is not None or (stat.S_ISREG(st.st_mode) and st.st_size <= HASH_ON_LOOP):
-            return self.of_fd(fd, st)
+        digest = self.cached(st)
+        if digest is not None:
+            return digest
+        if stat.S_ISREG(st.st_mode) and st.st_size <= HASH_ON_LOOP:
+            return self._hash(fd, st)
         with borrowed(fd) as (dup,):
-            return await trio.to_thread.run_sync(self.of_fd, dup, limiter=WORKERS)
+            return await trio.to_thread.run_sync(self._hash, dup, st, limiter=WORKERS)
